@@ -1,0 +1,25 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install idempotently.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-12)
+
+.PHONY: install demo test test-unit bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	PY=$(PY) VENV=$(VENV) bash scripts/install.sh
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+demo: install
+	$(BIN)/posttrain demo
+
+test: install
+	$(BIN)/python -m pytest tests -v --timeout=1200
+
+test-unit: install
+	$(BIN)/python -m pytest tests -v -m "not integration"
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

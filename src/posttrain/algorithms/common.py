@@ -1,0 +1,43 @@
+"""Masked reductions and per-token quantities shared by every algorithm. Shapes: [batch, tokens]."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` where mask is 1; 0 when the mask is empty."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Literal["token", "sequence"]) -> torch.Tensor:
+    """token: one mean over every unmasked token of the batch (long answers weigh more);
+    sequence: mean within each sequence, then over sequences (each sample weighs the same)."""
+    mask = mask.to(per_token.dtype)
+    if how == "token":
+        return masked_mean(per_token, mask)
+    if how == "sequence":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.mean()
+    raise ValueError(f"unknown aggregation {how!r}")
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target_t | prefix) for each position. logits [B, T, V], targets [B, T] -> [B, T]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the next-token distribution at each position. [B, T, V] -> [B, T]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased)."""
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1.0

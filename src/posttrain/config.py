@@ -1,0 +1,269 @@
+"""The run config: one YAML file validated once with pydantic, dotted overrides from the command line, and errors
+that name the key, the value and what is allowed.
+
+    posttrain train run.yaml algorithm.kl_coef=0.02 rollout.num_workers=2
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from posttrain.errors import PosttrainError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field("runs/demo/sft-model", description="Local HF causal-LM directory (weights + tokenizer).")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    chat_template: Literal["auto", "never"] = Field(
+        "auto", description="auto: use the tokenizer's chat template when it has one; never: plain prompts."
+    )
+
+
+class TaskConfig(_Section):
+    name: str = Field("addition", description="Built-in task (addition, sorting) or 'jsonl' with `path`.")
+    path: str | None = Field(None, description="jsonl file of {prompt, answer} rows when name is 'jsonl'.")
+    train_size: int = Field(20000, gt=0, description="Number of training problems generated (built-in tasks).")
+    heldout_size: int = Field(500, gt=0, description="Held-out problems, disjoint from every training problem.")
+    max_digits: int = Field(3, ge=1, le=8)
+
+
+class AlgorithmConfig(_Section):
+    name: Literal["grpo"] = "grpo"
+    group_size: int = Field(8, description="Completions sampled per prompt (GRPO's group).")
+    prompts_per_step: int = Field(32, gt=0)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL estimate to the reference; 0 = no reference.")
+    loss_agg: Literal["token", "sequence"] = Field(
+        "token", description="token: mean over all tokens of the batch; sequence: mean per sequence, then over sequences."
+    )
+    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO).")
+    skip_zero_variance_groups: bool = Field(True, description="Drop groups whose rewards are all equal.")
+    updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per rollout batch (>1 exercises clipping).")
+    minibatches: int = Field(1, ge=1)
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "AlgorithmConfig":
+        if self.group_size < 2:
+            raise ValueError(
+                f"algorithm.group_size={self.group_size}: GRPO needs at least 2 completions per prompt to form an "
+                "advantage; set algorithm.group_size to 2 or more (8 is typical)"
+            )
+        total = self.prompts_per_step * self.group_size
+        if total % self.minibatches:
+            raise ValueError(
+                f"algorithm.minibatches={self.minibatches} does not divide prompts_per_step*group_size={total}; "
+                "pick a divisor"
+            )
+        return self
+
+
+class VllmConfig(_Section):
+    kv_cache_gb: float = Field(1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU; ignored on GPU.")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    enforce_eager: bool = True
+    max_model_len: int = Field(128, gt=0)
+
+
+class RolloutConfig(_Section):
+    engine: Literal["vllm", "hf"] = "vllm"
+    num_workers: int = Field(1, ge=1)
+    max_new_tokens: int = Field(8, gt=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+
+
+class TopologyConfig(_Section):
+    """Logical CPU/GPU shares per role. On CPU machines devices are CPU slots (see DESIGN.md)."""
+
+    rollout_cpus: float = Field(0.5, gt=0)
+    trainer_cpus: float = Field(1.0, gt=0)
+    reference_cpus: float = Field(0.25, gt=0)
+    reward_cpus: float = Field(0.25, gt=0)
+    rollout_gpus: float = Field(0.0, ge=0)
+    trainer_gpus: float = Field(0.0, ge=0)
+    torch_threads: int = Field(2, ge=1, description="torch intra-op threads for the trainer and reference.")
+
+
+class TrainConfig(_Section):
+    steps: int = Field(200, ge=0)
+
+
+class EvalConfig(_Section):
+    every: int = Field(50, ge=0, description="Held-out evaluation every k steps (0 = only before and after).")
+    max_new_tokens: int = Field(8, gt=0)
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(50, ge=0, description="Checkpoint every k steps (0 = only at the end).")
+    keep_last: int = Field(2, ge=1)
+
+
+class LoggingConfig(_Section):
+    sinks: list[Literal["jsonl"]] = Field(default_factory=lambda: ["jsonl"])
+    progress: bool = True
+
+
+class RayConfig(_Section):
+    address: str | None = Field(None, description="Join this Ray cluster; None starts an embedded one on 127.0.0.1.")
+    num_cpus: float | None = Field(None, description="Logical CPUs of the embedded cluster (default: enough for the roles).")
+
+
+class SFTConfig(_Section):
+    batch_size: int = Field(128, gt=0)
+    lr: float = Field(2e-3, gt=0)
+    warmup_steps: int = Field(50, ge=0)
+    max_steps: int = Field(1800, gt=0)
+    eval_every: int = Field(100, gt=0)
+    target_accuracy: float = Field(0.2, ge=0, le=1, description="Stop at the first held-out eval at or above this.")
+    out: str = Field("runs/demo/sft-model", description="Where the warm-started model directory is written.")
+
+
+class RunConfig(_Section):
+    name: str = "demo"
+    runs_dir: str = "runs"
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def fingerprint(self, keys: tuple[str, ...] = ("model", "task", "algorithm", "seed")) -> str:
+        """Hash of the parts that must not change across a resume."""
+        d = self.to_dict()
+        return hashlib.sha256(json.dumps({k: d[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- loading, overrides, errors
+
+
+def _allowed_keys(model_cls: type[BaseModel]) -> list[str]:
+    return sorted(model_cls.model_fields)
+
+
+def _section_class(loc: tuple) -> type[BaseModel]:
+    cls: type[BaseModel] = RunConfig
+    for part in loc:
+        field = cls.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            cls = ann
+        else:
+            break
+    return cls
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not isinstance(p, int) or True)
+        key = ".".join(str(p) for p in loc) or "<root>"
+        if e["type"] == "extra_forbidden":
+            parent = _section_class(loc[:-1])
+            allowed = _allowed_keys(parent)
+            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+            tip = f" (did you mean '{close[0]}'?)" if close else ""
+            lines.append(f"  - unknown key '{key}'{tip}; allowed keys here: {', '.join(allowed)}")
+        elif e["type"] == "literal_error":
+            lines.append(f"  - {key}: got {e.get('input')!r}; {e['msg'].lower()}")
+        elif e["type"] == "value_error":
+            lines.append(f"  - {e['msg'].removeprefix('Value error, ')}")
+        else:
+            lines.append(f"  - {key}: got {e.get('input')!r}; {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'algorithm.kl_coef=0.02' -> (['algorithm', 'kl_coef'], 0.02). Values are read as YAML scalars/lists."""
+    if "=" not in text:
+        raise PosttrainError(
+            f"override {text!r} is not of the form key.path=value", hint="e.g. algorithm.kl_coef=0.02"
+        )
+    key, raw = text.split("=", 1)
+    if not key or any(not p for p in key.split(".")):
+        raise PosttrainError(f"override {text!r} has an empty key", hint="e.g. algorithm.kl_coef=0.02")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise PosttrainError(
+                    f"override {text!r}: '{'.'.join(path[: i + 1])}' is a value, not a section",
+                )
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise PosttrainError(f"config file {p} does not exist", hint="pass the path of a YAML run config")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise PosttrainError(f"config file {p} is not valid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise PosttrainError(f"config file {p} must hold a mapping of sections at the top, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Reads the YAML (or the built-in defaults when path is None), applies overrides, validates once."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, list(overrides or []))
+    return validate_config(data, source=str(path) if path else "built-in defaults")
+
+
+def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise PosttrainError(_format_validation_error(e, source)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

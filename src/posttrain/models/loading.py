@@ -1,0 +1,90 @@
+"""Loading any local HF causal-LM directory (weights + tokenizer), with errors that name the directory and what
+is missing, and prompt encoding (the tokenizer's chat template when it has one, plain text otherwise)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from posttrain.errors import PosttrainError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_model_dir(path: str | Path, *, field: str = "model.path") -> Path:
+    """Validates a model directory before anything heavy loads it; returns it as a Path."""
+    p = Path(path)
+    if not p.is_dir():
+        raise PosttrainError(
+            f"{field}: model directory {p} does not exist",
+            hint="point it at a local HF model directory (run `posttrain sft` or `posttrain demo` to make one)",
+        )
+    if not (p / "config.json").is_file():
+        raise PosttrainError(f"{field}: {p} has no config.json, so it is not an HF model directory")
+    if not list(p.glob("*.safetensors")):
+        extra = " (found PyTorch .bin weights: convert them to safetensors; posttrain never unpickles weights)" if list(
+            p.glob("*.bin")
+        ) else ""
+        raise PosttrainError(f"{field}: {p} has no *.safetensors weights{extra}")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise PosttrainError(
+            f"{field}: {p} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})",
+            hint="save the tokenizer into the model directory with tokenizer.save_pretrained(dir)",
+        )
+    return p
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def model_vocab_size(path: str | Path) -> int:
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    size = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
+    return int(size)
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32", *, field: str = "model.path") -> tuple[Any, Any]:
+    """Returns (model, tokenizer) from a checked directory; the model is in eval mode on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    p = check_model_dir(path, field=field)
+    tok = load_tokenizer(p)
+    vocab = model_vocab_size(p)
+    if len(tok) > vocab:
+        raise PosttrainError(
+            f"{field}: tokenizer in {p} has {len(tok)} tokens but the model's vocab_size is {vocab}",
+            hint="the tokenizer does not belong to these weights; save the matching tokenizer into the directory",
+        )
+    model = AutoModelForCausalLM.from_pretrained(str(p), torch_dtype=getattr(torch, dtype))
+    model.eval()
+    return model, tok
+
+
+class PromptEncoder:
+    """Turns a task prompt into token ids the same way for the engine, the trainer and the reference."""
+
+    def __init__(self, tokenizer, mode: str = "auto"):
+        self.tokenizer = tokenizer
+        self.use_chat = mode == "auto" and bool(getattr(tokenizer, "chat_template", None))
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.use_chat:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def decode_completion(self, token_ids: list[int]) -> str:
+        """Text of a completion up to (not including) the first EOS/pad token."""
+        stop = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
+        cut = next((i for i, t in enumerate(token_ids) if t in stop), len(token_ids))
+        return self.tokenizer.decode(token_ids[:cut], skip_special_tokens=True)

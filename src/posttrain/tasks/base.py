@@ -1,0 +1,50 @@
+"""A task is a train split, a disjoint held-out split and a verifier that scores a completion in [0, 1]."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from posttrain.config import TaskConfig
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str       # stable across runs with the same seed: the prompt_id of every sample drawn from it
+    prompt: str
+    answer: str
+
+
+class Task(Protocol):
+    name: str
+    train: list[Problem]
+    heldout: list[Problem]
+
+    def score(self, problem: Problem, completion: str) -> float:
+        """Reward in [0, 1] for `completion` (the decoded text after the prompt, EOS and padding removed)."""
+        ...
+
+
+def exact_match(answer: str, completion: str) -> float:
+    return 1.0 if completion.strip() == answer.strip() else 0.0
+
+
+def load_task(cfg: "TaskConfig", seed: int) -> Task:
+    """The task named in the config, with splits drawn from `seed`."""
+    from posttrain.tasks.addition import AdditionTask
+    from posttrain.tasks.jsonl import JsonlTask
+    from posttrain.tasks.sorting import SortingTask
+    from posttrain.errors import PosttrainError
+
+    builtins = {"addition": AdditionTask, "sorting": SortingTask}
+    if cfg.name in builtins:
+        return builtins[cfg.name](cfg.train_size, cfg.heldout_size, seed=seed, max_digits=cfg.max_digits)
+    if cfg.name == "jsonl":
+        if not cfg.path:
+            raise PosttrainError("task.name is 'jsonl' but task.path is not set", hint="set task.path to a .jsonl file")
+        return JsonlTask(cfg.path, cfg.heldout_size, seed=seed)
+    raise PosttrainError(
+        f"task.name: unknown task {cfg.name!r}",
+        hint=f"use one of {sorted(builtins) + ['jsonl']}",
+    )
