@@ -9,13 +9,12 @@ from pathlib import Path
 
 from posttrain.models.tokenizer import EOS, PAD, VOCAB, save_char_tokenizer
 
-# name -> (hidden, layers, heads, kv_heads, intermediate). Parameter counts with the 46-token vocabulary padded to 64.
+# name -> (hidden, layers, heads, kv_heads, intermediate); the vocabulary is the tokenizer's 46 characters.
 TINY_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "1m": (128, 4, 4, 4, 512),      # ~0.8M: the demo model (measured to learn addition in minutes on 2 cores)
     "4m": (256, 4, 4, 4, 1024),     # ~4.2M
     "80m": (768, 10, 12, 12, 3072),  # ~78M: the size TRL's CPU step time was measured on
 }
-PADDED_VOCAB = 64
 
 
 def build_tiny_model(
@@ -35,7 +34,7 @@ def build_tiny_model(
         raise ValueError(f"unknown tiny size {size!r}; choose one of {sorted(TINY_SIZES)}")
     hidden, layers, heads, kv_heads, inter = TINY_SIZES[size]
     common = dict(
-        vocab_size=PADDED_VOCAB,
+        vocab_size=len(VOCAB),
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
