@@ -1,1 +1,1 @@
-"""rewards."""
+"""Reward sources: verifiable reward functions (built-in tasks), later reward models and judges."""

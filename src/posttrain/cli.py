@@ -1,0 +1,154 @@
+"""The `posttrain` command line. Every user-facing error is one message without a traceback (exit code 2)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from posttrain.config import dump_config, load_config
+from posttrain.errors import PosttrainError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
+model_app = typer.Typer(no_args_is_help=True, help="Build model directories.")
+app.add_typer(config_app, name="config")
+app.add_typer(model_app, name="model")
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_USER_ERROR = 2
+
+
+def user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PosttrainError as e:
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+            raise typer.Exit(EXIT_USER_ERROR)
+
+    return wrapper
+
+
+def _split_config_args(config: Optional[str], overrides: list[str]) -> tuple[Optional[str], list[str]]:
+    """Lets the config path be omitted: `posttrain demo a.b=1` treats a.b=1 as an override."""
+    if config is not None and "=" in config and not Path(config).exists():
+        return None, [config, *overrides]
+    return config, overrides
+
+
+@app.command()
+@user_errors
+def train(
+    config: str = typer.Argument(..., help="YAML run config."),
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. algorithm.kl_coef=0.02"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest valid checkpoint of the run."),
+    address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster instead of starting one."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+):
+    """Train a policy with GRPO (rollout on vLLM engines, roles as Ray actors)."""
+    from posttrain.loop import train as run_train
+
+    extra = [f"ray.address={address}"] if address else []
+    cfg = load_config(config, (overrides or []) + extra)
+    summary = run_train(cfg, resume=resume, progress=not quiet)
+    print_summary(summary)
+
+
+@app.command()
+@user_errors
+def sft(
+    config: Optional[str] = typer.Argument(None, help="YAML run config (default: built-in)."),
+    overrides: list[str] = typer.Argument(None),
+    base: Optional[str] = typer.Option(None, "--base", help="Model dir to start from (default: a new tiny model)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Where to write the SFT model (default: sft.out)."),
+):
+    """Supervised warm start on the task's training split, stopping at a held-out accuracy target."""
+    from posttrain.models.tiny import build_tiny_model
+    from posttrain.training.sft import run_sft
+
+    config, overrides = _split_config_args(config, overrides or [])
+    cfg = load_config(config, overrides)
+    if base is None:
+        base = str(build_tiny_model(cfg.run_dir / "base-model", "1m", seed=cfg.seed))
+    result = run_sft(cfg, base, out or cfg.sft.out)
+    console.print(f"SFT: {result.steps} steps in {result.wall_seconds:.1f} s, held-out accuracy "
+                  f"{result.heldout_accuracy:.3f}; model written to {result.out_dir}")
+
+
+@app.command()
+@user_errors
+def demo(
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides of the built-in default config."),
+    quiet: bool = typer.Option(False, "--quiet"),
+):
+    """Tiny model -> SFT warm start -> GRPO on the built-in addition task. Writes runs/demo/summary.json."""
+    from posttrain.demo import run_demo
+
+    cfg = load_config(None, overrides or [])
+    summary = run_demo(cfg, progress=not quiet, log=lambda m: err_console.print(m, highlight=False))
+    print_summary(summary)
+    console.print(f"summary: {cfg.run_dir / 'summary.json'}")
+
+
+@config_app.command("show")
+@user_errors
+def config_show(
+    config: Optional[str] = typer.Argument(None, help="YAML run config (default: built-in)."),
+    overrides: list[str] = typer.Argument(None),
+):
+    """Print the resolved config, defaults filled in."""
+    config, overrides = _split_config_args(config, overrides or [])
+    sys.stdout.write(dump_config(load_config(config, overrides)))
+
+
+@model_app.command("tiny")
+@user_errors
+def model_tiny(
+    out: str = typer.Argument(..., help="Directory to write."),
+    size: str = typer.Option("1m", help="1m | 4m | 80m"),
+    arch: str = typer.Option("qwen2", help="qwen2 | llama"),
+    tied: bool = typer.Option(False, "--tied", help="Tie input and output embeddings."),
+    seed: int = typer.Option(0),
+):
+    """Write a randomly initialised tiny causal LM with a local character tokenizer."""
+    from posttrain.models.tiny import TINY_SIZES, build_tiny_model
+
+    if size not in TINY_SIZES:
+        raise PosttrainError(f"--size: unknown size {size!r}", hint=f"use one of {', '.join(TINY_SIZES)}")
+    console.print(f"wrote {build_tiny_model(out, size, arch=arch, tie_word_embeddings=tied, seed=seed)}")
+
+
+def print_summary(summary: dict) -> None:
+    table = Table(title=f"run {summary.get('name')}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+
+    def fmt(v):
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    for key in ("steps", "heldout_accuracy_before", "heldout_accuracy_after", "mean_step_seconds", "logprob_gap_mean",
+                "train_wall_seconds", "wall_seconds", "sft_steps", "sft_seconds"):
+        if summary.get(key) is not None:
+            table.add_row(key, fmt(summary[key]))
+    for k, v in (summary.get("step_time_split") or {}).items():
+        table.add_row(f"step time: {k}", f"{100 * v:.1f}%")
+    if summary.get("final_checkpoint"):
+        table.add_row("final checkpoint", summary["final_checkpoint"])
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

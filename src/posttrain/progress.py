@@ -1,0 +1,46 @@
+"""A rich progress bar for long work on a terminal, plain log lines elsewhere (CI, pipes, --quiet)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class StepProgress:
+    def __init__(self, description: str, total: int, *, enabled: bool = True, start: int = 0, fields: tuple[str, ...] = ()):
+        self.console = Console(stderr=True)
+        self.fancy = enabled and sys.stderr.isatty()
+        self.enabled = enabled
+        self.fields = fields
+        self.total = total
+        self._last_plain = 0.0
+        self.description = description
+        if self.fancy:
+            cols = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn()]
+            cols += [TextColumn(f"{f} {{task.fields[{f}]}}") for f in fields]
+            cols += [TimeElapsedColumn(), TimeRemainingColumn()]
+            self._progress = Progress(*cols, console=self.console)
+            self._task = self._progress.add_task(description, total=total, completed=start, **{f: "-" for f in fields})
+            self._progress.start()
+
+    def update(self, completed: int, **values) -> None:
+        shown = {k: (f"{v:.3g}" if isinstance(v, float) else str(v)) for k, v in values.items() if k in self.fields}
+        if self.fancy:
+            self._progress.update(self._task, completed=completed, **shown)
+        elif self.enabled and (time.monotonic() - self._last_plain > 5 or completed == self.total):
+            self._last_plain = time.monotonic()
+            extras = " ".join(f"{k}={v}" for k, v in shown.items())
+            print(f"[{self.description}] {completed}/{self.total} {extras}", file=sys.stderr, flush=True)
+
+    def log(self, message: str) -> None:
+        if self.fancy:
+            self._progress.console.print(message)
+        elif self.enabled:
+            print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.fancy:
+            self._progress.stop()

@@ -1,0 +1,61 @@
+"""Packing prompt + completion token ids into padded tensors, and per-token logprobs of the completions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.algorithms.common import token_entropy, token_logprobs
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor       # [B, L] prompt + completion, right-padded with pad_id
+    attention_mask: torch.Tensor  # [B, L]
+    targets: torch.Tensor         # [B, T] completion tokens, right-padded
+    completion_mask: torch.Tensor  # [B, T] 1 on real completion tokens
+    starts: torch.Tensor          # [B] index in input_ids of each completion's first token
+
+
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
+    """Right-pads each prompt+completion to the longest; position ids then start at 0 for every row."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    seqs = [p + c for p, c in zip(prompts, completions)]
+    L = max(len(s) for s in seqs)
+    T = max(1, max(len(c) for c in completions))
+    B = len(seqs)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, L), dtype=torch.long)
+    targets = torch.full((B, T), pad_id, dtype=torch.long)
+    cmask = torch.zeros((B, T), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        input_ids[i, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        attention[i, : len(p) + len(c)] = 1
+        if c:
+            targets[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+            cmask[i, : len(c)] = 1.0
+    starts = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    return PackedBatch(input_ids, attention, targets, cmask, starts)
+
+
+def completion_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Logits that predict each completion token: [B, T, V]. Position start+j-1 predicts completion token j."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    logits = out.logits
+    T = batch.targets.shape[1]
+    idx = (batch.starts.unsqueeze(1) - 1 + torch.arange(T).unsqueeze(0)).clamp(max=logits.shape[1] - 1)
+    picked = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    if temperature > 0 and temperature != 1.0:
+        picked = picked / temperature
+    return picked
+
+
+def completion_logprobs(model, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = False):
+    """Per-token logprobs [B, T] of the completion tokens (0 where masked), and optionally entropy [B, T]."""
+    logits = completion_logits(model, batch, temperature)
+    lp = token_logprobs(logits, batch.targets) * batch.completion_mask
+    if with_entropy:
+        return lp, token_entropy(logits.detach()) * batch.completion_mask
+    return lp

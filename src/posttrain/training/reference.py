@@ -1,0 +1,26 @@
+"""The reference role: a frozen copy of the initial policy that gives per-token logprobs for the KL term.
+Created only when algorithm.kl_coef > 0. Made a Ray actor by the driver."""
+
+from __future__ import annotations
+
+import torch
+
+from posttrain.config import RunConfig
+from posttrain.models.loading import load_causal_lm
+from posttrain.training.batch import completion_logprobs, pack
+
+
+class ReferenceModel:
+    def __init__(self, cfg_dict: dict, model_dir: str):
+        self.cfg = RunConfig.model_validate(cfg_dict)
+        torch.set_num_threads(self.cfg.topology.torch_threads)
+        self.model, tok = load_causal_lm(model_dir, self.cfg.model.dtype, field="reference model")
+        self.model.requires_grad_(False)
+        self.pad_id = tok.pad_token_id
+
+    @torch.no_grad()
+    def logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        """One list per sample with log p_ref of each completion token (same length as the completion)."""
+        packed = pack(prompts, completions, self.pad_id)
+        lp = completion_logprobs(self.model, packed, self.cfg.rollout.temperature or 1.0)
+        return [lp[i, : len(c)].tolist() for i, c in enumerate(completions)]

@@ -1,0 +1,182 @@
+"""The trainer role: owns the policy weights and the optimizer, recomputes logprobs with its own weights, takes
+GRPO steps, exports weights for the engines and saves/loads its half of a checkpoint. Made a Ray actor by the
+driver (`ray.remote(Trainer)`), so it holds no Ray code itself."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from posttrain.algorithms.grpo import clipped_policy_loss
+from posttrain.config import RunConfig
+from posttrain.models.loading import load_causal_lm
+from posttrain.training.batch import completion_logprobs, pack
+
+TRAINER_STATE = "trainer_state.pt"
+
+
+@dataclass
+class TrainBatch:
+    """One step's training samples; every list has one entry per sample."""
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    advantages: list[float]
+    engine_logprobs: list[list[float]]
+    ref_logprobs: list[list[float]] | None = None
+    sample_ids: list[str] = field(default_factory=list)
+
+
+def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r[:width], dtype=torch.float32)
+    return out
+
+
+class Trainer:
+    def __init__(self, cfg_dict: dict, model_dir: str):
+        self.cfg = RunConfig.model_validate(cfg_dict)
+        torch.set_num_threads(self.cfg.topology.torch_threads)
+        torch.manual_seed(self.cfg.seed)
+        random.seed(self.cfg.seed)
+        self.model, self.tokenizer = load_causal_lm(model_dir, self.cfg.model.dtype)
+        self.model.train()
+        a = self.cfg.algorithm
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
+        )
+        self.pad_id = self.tokenizer.pad_token_id
+        self.updates = 0
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batch: TrainBatch) -> dict:
+        a = self.cfg.algorithm
+        temp = self.cfg.rollout.temperature or 1.0
+        packed = pack(batch.prompts, batch.completions, self.pad_id)
+        mask = packed.completion_mask
+        T = mask.shape[1]
+        advantages = torch.tensor(batch.advantages, dtype=torch.float32)
+        ref = pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None else None
+        engine_lp = pad_rows(batch.engine_logprobs, T)
+
+        t0 = time.perf_counter()
+        self.model.eval()  # no dropout in these models, but be explicit: old logprobs come from the same function
+        with torch.no_grad():
+            old_lp, entropy = completion_logprobs(self.model, packed, temp, with_entropy=True)
+        self.model.train()
+        n = len(batch.completions)
+        mb_size = n // a.minibatches if n >= a.minibatches else n
+        stats: dict[str, list[float]] = {"loss": [], "policy_loss": [], "kl": [], "clip_fraction": [], "grad_norm": [], "ratio_mean": []}
+        for _ in range(a.updates_per_batch):
+            order = torch.randperm(n)
+            for start in range(0, n, mb_size):
+                idx = order[start : start + mb_size]
+                sub = _select(packed, idx)
+                lp = completion_logprobs(self.model, sub, temp)
+                out = clipped_policy_loss(
+                    lp,
+                    old_lp[idx],
+                    advantages[idx],
+                    sub.completion_mask,
+                    clip_eps=a.clip_eps,
+                    ref_logprobs=ref[idx] if ref is not None else None,
+                    kl_coef=a.kl_coef,
+                    agg=a.loss_agg,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+                self.optimizer.step()
+                self.updates += 1
+                for k, v in (("loss", out.loss.detach()), ("policy_loss", out.policy_loss), ("kl", out.kl),
+                             ("clip_fraction", out.clip_fraction), ("grad_norm", gn), ("ratio_mean", out.ratio_mean)):
+                    stats[k].append(float(v))
+        gap = (engine_lp - old_lp).abs() * mask
+        tokens = float(mask.sum())
+        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
+        metrics.update(
+            {
+                "entropy": float(entropy.sum() / max(tokens, 1.0)),
+                "logprob_gap_mean": float(gap.sum() / max(tokens, 1.0)),
+                "logprob_gap_max": float(gap.max()) if tokens else 0.0,
+                "trained_tokens": tokens,
+                "train_compute_s": time.perf_counter() - t0,
+            }
+        )
+        return metrics
+
+    # ------------------------------------------------------------------ weights and checkpoints
+
+    def export_weights(self) -> bytes:
+        from posttrain.rollout.weights import export_weights
+
+        return export_weights(self.model)
+
+    def save(self, ckpt_tmp_dir: str) -> None:
+        """Writes `model/` (HF dir, safetensors, with tokenizer) and the trainer state into the temp checkpoint dir."""
+        d = Path(ckpt_tmp_dir)
+        self.model.save_pretrained(str(d / "model"), safe_serialization=True)
+        self.tokenizer.save_pretrained(str(d / "model"))
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "updates": self.updates,
+             "python_rng": list(_jsonable(random.getstate()))},
+            d / TRAINER_STATE,
+        )
+
+    def load(self, ckpt_dir: str) -> None:
+        """Restores weights, optimizer and RNG from a verified checkpoint directory."""
+        from safetensors.torch import load_file
+
+        d = Path(ckpt_dir)
+        state = {}
+        for f in sorted((d / "model").glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not (m == "lm_head.weight" and self.model.config.tie_word_embeddings)]
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {d} does not match the policy: missing {missing}, unexpected {unexpected}")
+        ts = torch.load(d / TRAINER_STATE, weights_only=True)
+        self.optimizer.load_state_dict(ts["optimizer"])
+        torch.set_rng_state(ts["torch_rng"])
+        random.setstate(_tuplify(ts["python_rng"]))
+        self.updates = int(ts["updates"])
+
+    def weights_digest(self) -> str:
+        """sha256 over every parameter's bytes, for tests that compare weights across a resume."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, p in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(p.detach().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def ping(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def _select(packed, idx):
+    from posttrain.training.batch import PackedBatch
+
+    return PackedBatch(
+        packed.input_ids[idx], packed.attention_mask[idx], packed.targets[idx], packed.completion_mask[idx],
+        packed.starts[idx],
+    )
+
+
+def _jsonable(state):
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _tuplify(state):
+    version, internal, gauss = state
+    return (int(version), tuple(int(x) for x in internal), gauss)

@@ -1,0 +1,75 @@
+"""Built-in tasks (disjoint splits, verifiers), the jsonl dataset's row errors, and the data cursor."""
+
+import pytest
+
+from posttrain.config import TaskConfig
+from posttrain.errors import PosttrainError
+from posttrain.loop import split_evenly
+from posttrain.rewards.verifier import score_one
+from posttrain.rollout.sampler import Cursor, PromptSampler, sample_seed
+from posttrain.tasks import Problem, load_task
+
+
+@pytest.mark.parametrize("name", ["addition", "sorting"])
+def test_splits_are_disjoint_seeded_and_verifiable(name):
+    task = load_task(TaskConfig(name=name, train_size=3000, heldout_size=300), seed=0)
+    assert len(task.train) == 3000 and len(task.heldout) == 300
+    assert not {p.prompt for p in task.train} & {p.prompt for p in task.heldout}
+    again = load_task(TaskConfig(name=name, train_size=3000, heldout_size=300), seed=0)
+    assert [p.id for p in again.heldout] == [p.id for p in task.heldout]
+    other = load_task(TaskConfig(name=name, train_size=3000, heldout_size=300), seed=1)
+    assert [p.id for p in other.heldout] != [p.id for p in task.heldout]
+    p = task.heldout[0]
+    assert task.score(p, p.answer) == 1.0 and task.score(p, p.answer + "1") == 0.0
+
+
+def test_addition_answers_are_sums():
+    task = load_task(TaskConfig(name="addition", train_size=100, heldout_size=10), seed=0)
+    for p in task.train[:20]:
+        a, b = p.prompt.rstrip("=").split("+")
+        assert int(p.answer) == int(a) + int(b)
+
+
+def test_jsonl_rows_with_errors_name_the_line(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
+    with pytest.raises(PosttrainError, match=r"line 2.*answer"):
+        load_task(TaskConfig(name="jsonl", path=str(f), heldout_size=1), seed=0)
+    f.write_text('{"prompt": "1+1=", "answer": "2"}\nnot json\n')
+    with pytest.raises(PosttrainError, match="line 2: not valid JSON"):
+        load_task(TaskConfig(name="jsonl", path=str(f), heldout_size=1), seed=0)
+    f.write_text("")
+    with pytest.raises(PosttrainError, match="empty"):
+        load_task(TaskConfig(name="jsonl", path=str(f), heldout_size=1), seed=0)
+
+
+def test_verifier_failures_become_records_not_crashes():
+    class Broken:
+        def score(self, problem, completion):
+            if completion == "raise":
+                raise ZeroDivisionError("boom")
+            return {"nan": float("nan"), "str": "1"}.get(completion, 0.5)
+
+    p = Problem("x", "q", "a")
+    assert score_one(Broken(), p, "raise").error.startswith("ZeroDivisionError")
+    assert score_one(Broken(), p, "nan").error is not None
+    assert score_one(Broken(), p, "str", default=-1.0).reward == -1.0
+    assert score_one(Broken(), p, "ok").reward == 0.5
+
+
+def test_sampler_cursor_resumes_exactly_and_crosses_epochs():
+    problems = [Problem(str(i), str(i), str(i)) for i in range(10)]
+    s = PromptSampler(problems, seed=3)
+    first = [p.id for p in s.next_batch(4)]
+    cursor = Cursor(**s.state())
+    rest = [p.id for p in s.next_batch(8)]  # crosses into epoch 1
+    resumed = PromptSampler(problems, seed=3, cursor=cursor)
+    assert [p.id for p in resumed.next_batch(8)] == rest
+    assert s.cursor.epoch == 1 and s.cursor.offset == 2
+    assert sorted(first + rest[:6]) == sorted(p.id for p in problems)  # an epoch sees each prompt once
+
+
+def test_split_evenly_and_seeds():
+    assert split_evenly(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert split_evenly(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    assert sample_seed(0, 1, 2) != sample_seed(0, 2, 1)
