@@ -261,6 +261,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     if resume:
         resume_path, state = load_resume_state(cfg, bar.log)
         bar.log(f"resuming from {resume_path} (step {state.step}, data cursor {vars(state.cursor)})")
+    if resume_path is not None and state.step >= cfg.train.steps:
+        bar.log(f"run {cfg.name} is already at step {state.step} of train.steps={cfg.train.steps}: nothing to train "
+                "(raise train.steps to continue it)")
+        bar.close()
+        return build_summary(cfg, state, resume_path, time.perf_counter() - wall0)
     writer = MetricsWriter(run_dir, resume_from_step=state.step if resume else None)
     sample_log = MetricsWriter(run_dir, resume_from_step=state.step if resume else None, filename="samples.jsonl")
     sampler = PromptSampler(task.train, cfg.seed, state.cursor)
@@ -278,8 +283,6 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             state.eval_history.append({"step": 0, "heldout_accuracy": acc})
             writer.write({"step": 0, "eval/heldout_accuracy": acc})
             bar.log(f"held-out accuracy before RL: {acc:.3f} ({len(task.heldout)} problems)")
-        if state.step >= cfg.train.steps:
-            bar.log(f"run {cfg.name} is already at step {state.step} of train.steps={cfg.train.steps}: nothing to train")
         bar.update(state.step)
         last_ckpt_step = state.step if resume_path is not None else -1
         while state.step < cfg.train.steps:

@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny models built locally (no hub), and an SFT-warm-started one for loop tests (the random
+model never solves a problem, so its GRPO groups would carry no signal)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    from posttrain.models.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-1m", "1m", seed=0))
+
+
+@pytest.fixture(scope="session")
+def warm_model_dir(tmp_path_factory, tiny_model_dir) -> str:
+    """The tiny model after a short SFT on addition: non-zero but low held-out accuracy."""
+    from posttrain.config import load_config
+    from posttrain.training.sft import run_sft
+
+    out = tmp_path_factory.mktemp("models") / "tiny-1m-sft"
+    cfg = load_config(None, ["sft.target_accuracy=0.1", "sft.max_steps=2000", "task.heldout_size=200"])
+    result = run_sft(cfg, tiny_model_dir, str(out))
+    assert result.heldout_accuracy > 0.02, f"SFT fixture too weak: {result}"
+    return str(result.out_dir)
