@@ -24,7 +24,7 @@ class _Section(BaseModel):
 
 class ModelConfig(_Section):
     path: str = Field("runs/demo/sft-model", description="Local HF causal-LM directory (weights + tokenizer).")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for trainer, reference and engines.")
     chat_template: Literal["auto", "never"] = Field(
         "auto", description="auto: use the tokenizer's chat template when it has one; never: plain prompts."
     )
@@ -35,14 +35,14 @@ class TaskConfig(_Section):
     path: str | None = Field(None, description="jsonl file of {prompt, answer} rows when name is 'jsonl'.")
     train_size: int = Field(20000, gt=0, description="Number of training problems generated (built-in tasks).")
     heldout_size: int = Field(500, gt=0, description="Held-out problems, disjoint from every training problem.")
-    max_digits: int = Field(3, ge=1, le=8)
+    max_digits: int = Field(3, ge=1, le=8, description="Longest operand (addition) / sets list length (sorting).")
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["grpo"] = "grpo"
+    name: Literal["grpo"] = Field("grpo", description="The RL algorithm.")
     group_size: int = Field(8, description="Completions sampled per prompt (GRPO's group).")
-    prompts_per_step: int = Field(32, gt=0)
-    clip_eps: float = Field(0.2, gt=0, lt=1)
+    prompts_per_step: int = Field(32, gt=0, description="Prompts per step; the batch is prompts_per_step*group_size samples.")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range of the importance ratio.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL estimate to the reference; 0 = no reference.")
     loss_agg: Literal["token", "sequence"] = Field(
         "token", description="token: mean over all tokens of the batch; sequence: mean per sequence, then over sequences."
@@ -50,11 +50,11 @@ class AlgorithmConfig(_Section):
     scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO).")
     skip_zero_variance_groups: bool = Field(True, description="Drop groups whose rewards are all equal.")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per rollout batch (>1 exercises clipping).")
-    minibatches: int = Field(1, ge=1)
-    lr: float = Field(3e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = Field(1.0, gt=0)
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over the batch.")
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate (constant).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
 
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmConfig":
@@ -74,49 +74,49 @@ class AlgorithmConfig(_Section):
 
 class VllmConfig(_Section):
     kv_cache_gb: float = Field(1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU; ignored on GPU.")
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    enforce_eager: bool = True
-    max_model_len: int = Field(128, gt=0)
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM GPU memory share (GPU only).")
+    enforce_eager: bool = Field(True, description="No CUDA graphs / compilation: faster start for short runs.")
+    max_model_len: int = Field(128, gt=0, description="Longest prompt+completion the engine accepts (tokens).")
 
 
 class RolloutConfig(_Section):
-    engine: Literal["vllm", "hf"] = "vllm"
-    num_workers: int = Field(1, ge=1)
-    max_new_tokens: int = Field(8, gt=0)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    engine: Literal["vllm", "hf"] = Field("vllm", description="vllm, or hf (transformers generate) as a fallback.")
+    num_workers: int = Field(1, ge=1, description="Rollout workers (Ray actors), each owning one engine.")
+    max_new_tokens: int = Field(8, gt=0, description="Longest completion sampled (tokens).")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature for rollouts (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for rollouts.")
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 
 class TopologyConfig(_Section):
     """Logical CPU/GPU shares per role. On CPU machines devices are CPU slots (see DESIGN.md)."""
 
-    rollout_cpus: float = Field(0.5, gt=0)
-    trainer_cpus: float = Field(1.0, gt=0)
-    reference_cpus: float = Field(0.25, gt=0)
-    reward_cpus: float = Field(0.25, gt=0)
-    rollout_gpus: float = Field(0.0, ge=0)
-    trainer_gpus: float = Field(0.0, ge=0)
+    rollout_cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved per rollout worker.")
+    trainer_cpus: float = Field(1.0, gt=0, description="Logical CPUs reserved for the trainer.")
+    reference_cpus: float = Field(0.25, gt=0, description="Logical CPUs reserved for the reference model.")
+    reward_cpus: float = Field(0.25, gt=0, description="Logical CPUs reserved for the reward worker.")
+    rollout_gpus: float = Field(0.0, ge=0, description="GPUs per rollout worker (fractions colocate).")
+    trainer_gpus: float = Field(0.0, ge=0, description="GPUs for the trainer.")
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads for the trainer and reference.")
 
 
 class TrainConfig(_Section):
-    steps: int = Field(200, ge=0)
+    steps: int = Field(200, ge=0, description="GRPO steps (one rollout batch each).")
 
 
 class EvalConfig(_Section):
     every: int = Field(50, ge=0, description="Held-out evaluation every k steps (0 = only before and after).")
-    max_new_tokens: int = Field(8, gt=0)
+    max_new_tokens: int = Field(8, gt=0, description="Longest greedy completion in held-out evaluation.")
 
 
 class CheckpointConfig(_Section):
     every: int = Field(50, ge=0, description="Checkpoint every k steps (0 = only at the end).")
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept (the newest valid one is never deleted).")
 
 
 class LoggingConfig(_Section):
-    sinks: list[Literal["jsonl"]] = Field(default_factory=lambda: ["jsonl"])
-    progress: bool = True
+    sinks: list[Literal["jsonl"]] = Field(default_factory=lambda: ["jsonl"], description="Metric sinks; metrics.jsonl is always written.")
+    progress: bool = Field(True, description="Rich progress bar on a terminal (plain lines otherwise).")
 
 
 class RayConfig(_Section):
@@ -125,19 +125,19 @@ class RayConfig(_Section):
 
 
 class SFTConfig(_Section):
-    batch_size: int = Field(128, gt=0)
-    lr: float = Field(2e-3, gt=0)
-    warmup_steps: int = Field(50, ge=0)
-    max_steps: int = Field(1800, gt=0)
-    eval_every: int = Field(100, gt=0)
+    batch_size: int = Field(128, gt=0, description="SFT examples per step.")
+    lr: float = Field(2e-3, gt=0, description="SFT peak learning rate (AdamW, linear warm-up).")
+    warmup_steps: int = Field(50, ge=0, description="SFT warm-up steps.")
+    max_steps: int = Field(1800, gt=0, description="SFT cap when the target is not reached.")
+    eval_every: int = Field(100, gt=0, description="SFT held-out evaluation interval (steps).")
     target_accuracy: float = Field(0.2, ge=0, le=1, description="Stop at the first held-out eval at or above this.")
     out: str = Field("runs/demo/sft-model", description="Where the warm-started model directory is written.")
 
 
 class RunConfig(_Section):
-    name: str = "demo"
-    runs_dir: str = "runs"
-    seed: int = 0
+    name: str = Field("demo", description="Run name: outputs go to <runs_dir>/<name>/.")
+    runs_dir: str = Field("runs", description="Parent directory of run directories.")
+    seed: int = Field(0, description="Seeds data splits, batch order, sampling and init.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -267,3 +267,22 @@ def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
 
 def dump_config(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def config_reference_markdown() -> str:
+    """A markdown table of every config key with its type, default and description (for the README)."""
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+
+    def walk(cls: type[BaseModel], prefix: str) -> None:
+        for name, field in cls.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = field.get_default(call_default_factory=True)
+            type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{prefix}{name}` | {type_name.replace('|', chr(92) + '|')} | `{default!r}` | {desc} |")
+
+    walk(RunConfig, "")
+    return "\n".join(rows)
