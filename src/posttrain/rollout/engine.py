@@ -1,0 +1,103 @@
+"""The rollout engine interface: the one small surface the loop, the rollout worker and the tests use, whatever
+engine (vLLM or transformers) is behind it.
+
+Conventions every engine keeps:
+- Prompts and completions are token ids (list[int]); no text crosses this interface.
+- `generate` takes one seed per prompt; the same (weights, prompts, spec, seeds) give the same completions.
+- `temperature == 0` means greedy decoding (the seed is then irrelevant).
+- A completion's `token_ids` include the EOS token when `finish_reason == "stop"`.
+- Logprobs are raw-model logprobs: log_softmax of the unscaled logits (the temperature-1 distribution, before
+  temperature and top_p), for both `generate` and `completion_logprobs`. They are the behaviour policy's
+  logprobs only when sampling at temperature 1 without top_p; the trainer recomputes its own anyway (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from posttrain.errors import PosttrainError
+
+ENGINE_KINDS = ("vllm", "hf")
+
+
+@dataclass
+class SamplingSpec:
+    """How to sample: `n` completions per prompt, each at most `max_new_tokens` tokens."""
+
+    n: int = 1
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class Completion:
+    """One sampled completion: its tokens, the engine's raw logprob of each (same length), and why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (EOS, included in token_ids) | "length" (hit max_new_tokens)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
+        """Returns, for each prompt i, `spec.n` completions sampled with seed `seeds[i]`."""
+        ...
+
+    def update_weights(self, safetensors_bytes: bytes) -> None:
+        """Replaces all weights in place from safetensors bytes keyed by HF parameter names (see weights.py)."""
+        ...
+
+    def completion_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
+        """log p(completion[t] | prompt + completion[:t]) under the current weights; len == len(completion)."""
+        ...
+
+
+def check_generate_args(prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> None:
+    """Validates `generate` arguments the same way for every engine."""
+    if len(seeds) != len(prompts):
+        raise PosttrainError(f"generate: got {len(prompts)} prompts but {len(seeds)} seeds; pass one seed per prompt")
+    if any(len(p) == 0 for p in prompts):
+        raise PosttrainError("generate: a prompt has no tokens; every prompt needs at least one token id")
+    if spec.n < 1 or spec.max_new_tokens < 1:
+        raise PosttrainError(f"sampling: n={spec.n} and max_new_tokens={spec.max_new_tokens} must both be >= 1")
+    if spec.temperature < 0 or not 0 < spec.top_p <= 1:
+        raise PosttrainError(
+            f"sampling: temperature={spec.temperature} must be >= 0 and top_p={spec.top_p} must be in (0, 1]"
+        )
+
+
+def make_engine(
+    kind: str,
+    model_dir: str,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    max_model_len: int = 128,
+    kv_cache_gb: float = 1.0,
+    gpu_memory_utilization: float = 0.3,
+    enforce_eager: bool = True,
+) -> RolloutEngine:
+    """Builds an engine of `kind` ("vllm" or "hf") on the HF model directory `model_dir`.
+
+    `max_model_len` is in tokens (prompt + completion); `kv_cache_gb` is the CPU KV-cache size in GiB (vLLM on
+    CPU only); `gpu_memory_utilization` is the fraction of GPU memory vLLM may take (vLLM on GPU only).
+    """
+    if kind == "vllm":
+        from posttrain.rollout.vllm_engine import VllmEngine
+
+        return VllmEngine(
+            model_dir,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            kv_cache_gb=kv_cache_gb,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+        )
+    if kind == "hf":
+        from posttrain.rollout.hf_engine import HfEngine
+
+        return HfEngine(model_dir, dtype=dtype, max_model_len=max_model_len)
+    raise PosttrainError(f"rollout.engine: unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")

