@@ -122,6 +122,9 @@ class LoggingConfig(_Section):
 class RayConfig(_Section):
     address: str | None = Field(None, description="Join this Ray cluster; None starts an embedded one on 127.0.0.1.")
     num_cpus: float | None = Field(None, description="Logical CPUs of the embedded cluster (default: enough for the roles).")
+    log_to_driver: bool = Field(
+        False, description="Stream actors' logs to the console (they are always in /tmp/ray/session_latest/logs)."
+    )
 
 
 class SFTConfig(_Section):

@@ -88,8 +88,10 @@ def ray_worker(tiny_models):
 
     from posttrain.rollout.worker import RolloutWorker, rollout_worker_env
 
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    from posttrain.config import RayConfig
+    from posttrain.orchestration.runtime import start_ray
+
+    start_ray(RayConfig(num_cpus=2), needed_cpus=1)  # embedded, loopback only
     try:
         actor_cls = ray.remote(num_cpus=1, runtime_env={"env_vars": rollout_worker_env(kv_cache_gb=1)})(RolloutWorker)
         worker = actor_cls.remote("vllm", str(tiny_models.untied_a), {"kv_cache_gb": 1, "max_model_len": 128})

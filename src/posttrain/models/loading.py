@@ -63,7 +63,7 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", *, field: str = "mo
             f"{field}: tokenizer in {p} has {len(tok)} tokens but the model's vocab_size is {vocab}",
             hint="the tokenizer does not belong to these weights; save the matching tokenizer into the directory",
         )
-    model = AutoModelForCausalLM.from_pretrained(str(p), torch_dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
     model.eval()
     return model, tok
 

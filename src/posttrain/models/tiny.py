@@ -46,7 +46,7 @@ def build_tiny_model(
         eos_token_id=VOCAB.index(EOS),
         bos_token_id=VOCAB.index(EOS),
         rms_norm_eps=1e-6,
-        torch_dtype="float32",
+        dtype="float32",
     )
     if arch == "qwen2":
         config = Qwen2Config(**common, rope_theta=10000.0)
@@ -55,7 +55,7 @@ def build_tiny_model(
     else:
         raise ValueError(f"unknown arch {arch!r}; choose 'qwen2' or 'llama'")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)

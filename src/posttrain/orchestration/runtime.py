@@ -11,6 +11,19 @@ from posttrain.errors import PosttrainError
 
 LOOPBACK = "127.0.0.1"
 
+# Every actor's environment: libraries' own progress bars and INFO chatter stay in Ray's log files
+# (/tmp/ray/session_latest/logs) instead of burying the driver's progress bar; warnings and errors still show.
+QUIET_ACTOR_ENV = {
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "VLLM_CONFIGURE_LOGGING": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TQDM_DISABLE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+}
+
 
 def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
     """Starts an embedded cluster with enough logical CPUs for the roles (they run phase by phase, so logical
@@ -22,21 +35,26 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cfg.address:
         try:
-            ray.init(address=cfg.address, log_to_driver=True)
+            ray.init(address=cfg.address, log_to_driver=cfg.log_to_driver, runtime_env={"env_vars": QUIET_ACTOR_ENV})
         except Exception as e:  # noqa: BLE001 — surfaces as one clear message
             raise PosttrainError(
                 f"ray.address: could not join the Ray cluster at {cfg.address}: {e}",
                 hint="check `ray status` on the head node, or drop --address to run an embedded cluster",
             ) from None
         return
+    # ray.init(_node_ip_address="127.0.0.1") alone still resolves "localhost" to the machine's interface address
+    # and every Ray process then talks over it. With this Ray constant off, Ray's own node-IP lookup returns the
+    # loopback address, so the GCS, raylet and workers bind and connect on 127.0.0.1 only (checked with `ss`).
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), math.ceil(needed_cpus))
     ray.init(
         num_cpus=int(math.ceil(num_cpus)),
         _node_ip_address=LOOPBACK,
         include_dashboard=False,
-        log_to_driver=True,
+        log_to_driver=cfg.log_to_driver,
         configure_logging=True,
         logging_level="warning",
+        runtime_env={"env_vars": QUIET_ACTOR_ENV},
     )
 
 

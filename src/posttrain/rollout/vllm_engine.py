@@ -115,5 +115,5 @@ class VllmEngine:
         if tokens > self.max_model_len:
             raise PosttrainError(
                 f"rollout: a request needs {tokens} tokens but max_model_len is {self.max_model_len}",
-                hint="raise rollout.max_model_len or shorten prompts / max_new_tokens",
+                hint="raise rollout.vllm.max_model_len or shorten prompts / max_new_tokens",
             )

@@ -21,6 +21,8 @@ class ReferenceModel:
     @torch.no_grad()
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """One list per sample with log p_ref of each completion token (same length as the completion)."""
+        if not completions:
+            return []
         packed = pack(prompts, completions, self.pad_id)
         lp = completion_logprobs(self.model, packed, self.cfg.rollout.temperature or 1.0)
         return [lp[i, : len(c)].tolist() for i, c in enumerate(completions)]
