@@ -26,6 +26,15 @@ err_console = Console(stderr=True)
 EXIT_USER_ERROR = 2
 
 
+@app.callback()
+def _setup() -> None:
+    """posttrain: RL post-training of language models on Ray, with vLLM rollout."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no per-load progress bars under ours
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -70,16 +79,17 @@ def sft(
     overrides: list[str] = typer.Argument(None),
     base: Optional[str] = typer.Option(None, "--base", help="Model dir to start from (default: a new tiny model)."),
     out: Optional[str] = typer.Option(None, "--out", help="Where to write the SFT model (default: sft.out)."),
+    quiet: bool = typer.Option(False, "--quiet"),
 ):
     """Supervised warm start on the task's training split, stopping at a held-out accuracy target."""
+    from posttrain.demo import run_sft_with_progress
     from posttrain.models.tiny import build_tiny_model
-    from posttrain.training.sft import run_sft
 
     config, overrides = _split_config_args(config, overrides or [])
     cfg = load_config(config, overrides)
     if base is None:
         base = str(build_tiny_model(cfg.run_dir / "base-model", "1m", seed=cfg.seed))
-    result = run_sft(cfg, base, out or cfg.sft.out)
+    result = run_sft_with_progress(cfg, base, out or cfg.sft.out, progress=not quiet)
     console.print(f"SFT: {result.steps} steps in {result.wall_seconds:.1f} s, held-out accuracy "
                   f"{result.heldout_accuracy:.3f}; model written to {result.out_dir}")
 

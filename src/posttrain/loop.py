@@ -243,8 +243,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     from posttrain.orchestration.runtime import start_ray, stop_ray
 
     wall0 = time.perf_counter()
-    check_model_dir(cfg.model.path)
     task = load_task(cfg.task, cfg.seed)
+    check_model_dir(cfg.model.path)
     encoder = PromptEncoder(load_tokenizer(cfg.model.path), cfg.model.chat_template)
     longest = max(len(encoder.encode(p.prompt)) for p in task.train[:2000] + task.heldout)
     if longest + cfg.rollout.max_new_tokens > cfg.rollout.vllm.max_model_len:

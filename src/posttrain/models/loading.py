@@ -77,10 +77,11 @@ class PromptEncoder:
 
     def encode(self, prompt: str) -> list[int]:
         if self.use_chat:
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            # Render, then tokenize without adding special tokens: the template already places them.
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
             )
-            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def decode_completion(self, token_ids: list[int]) -> str:

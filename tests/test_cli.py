@@ -1,0 +1,74 @@
+"""The CLI as a user runs it (real subprocesses): user errors are one clear message with exit code 2 and no
+traceback; `train --address` joins a running Ray cluster on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def posttrain(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "posttrain"), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["config", "show", "algorithm.klcoef=1"], "unknown key 'algorithm.klcoef'"),
+        (["config", "show", "rollout.num_workers=two"], "rollout.num_workers"),
+        (["train", "does-not-exist.yaml"], "config file does-not-exist.yaml does not exist"),
+        (["train", "examples/addition-grpo.yaml", "model.path=/nonexistent/model"], "model directory /nonexistent/model does not exist"),
+        (["train", "examples/addition-grpo.yaml", "task.name=chess"], "task.name: unknown task 'chess'"),
+        (["model", "tiny", "/tmp/x", "--size", "7b"], "--size: unknown size '7b'"),
+    ],
+)
+def test_user_errors_are_one_message_without_traceback(args, expected):
+    r = posttrain(*args)
+    assert r.returncode == 2, r.stderr
+    assert expected in r.stderr.replace("\n", " ")
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_config_show_prints_every_default():
+    r = posttrain("config", "show", "examples/addition-grpo.yaml", "algorithm.kl_coef=0.05")
+    assert r.returncode == 0, r.stderr
+    assert "kl_coef: 0.05" in r.stdout and "max_model_len: 128" in r.stdout and "name: addition-grpo" in r.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+def test_train_joins_a_running_ray_cluster_with_the_hf_engine(tmp_path, warm_model_dir):
+    port = _free_port()
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                    "--num-cpus=4", "--include-dashboard=false", "--disable-usage-stats"],
+                   check=True, capture_output=True, env=env, timeout=120)
+    try:
+        r = posttrain(
+            "train", "examples/addition-grpo.yaml", f"model.path={warm_model_dir}", f"runs_dir={tmp_path}",
+            "name=joined", "train.steps=2", "rollout.engine=hf", "algorithm.prompts_per_step=4",
+            "task.heldout_size=32", "eval.every=0", "checkpoint.every=0", "--address", f"127.0.0.1:{port}", "--quiet",
+            env=env, timeout=600,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        summary = json.loads((tmp_path / "joined" / "summary.json").read_text())
+        assert summary["steps"] == 2
+        status = subprocess.run([str(BIN / "ray"), "status", f"--address=127.0.0.1:{port}"], capture_output=True,
+                                text=True, env=env, timeout=60)
+        assert status.returncode == 0  # the cluster outlives the job: we joined it, we did not own it
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env, timeout=120)
