@@ -77,3 +77,13 @@ def test_yaml_file_and_overrides(tmp_path):
     p.write_text("name: from-file\nalgorithm:\n  group_size: 4\n")
     cfg = load_config(p, ["algorithm.group_size=6"])
     assert cfg.name == "from-file" and cfg.algorithm.group_size == 6
+
+
+def test_readme_config_reference_is_current():
+    """The README's config table is generated (`posttrain config reference`); it must match the code."""
+    from pathlib import Path
+
+    from posttrain.config import config_reference_markdown
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert config_reference_markdown() in readme, "regenerate with: posttrain config reference"

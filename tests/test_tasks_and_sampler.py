@@ -73,3 +73,17 @@ def test_split_evenly_and_seeds():
     assert split_evenly(7, 3) == [(0, 3), (3, 5), (5, 7)]
     assert split_evenly(2, 3) == [(0, 1), (1, 2), (2, 2)]
     assert sample_seed(0, 1, 2) != sample_seed(0, 2, 1)
+
+
+def test_digit_credit_by_hand():
+    from posttrain.tasks.base import digit_credit
+
+    assert digit_credit("724", "724") == 1.0
+    assert digit_credit("724", "725") == pytest.approx(2 / 3)   # hundreds and tens right
+    assert digit_credit("724", "24") == pytest.approx(2 / 3)    # units and tens right, hundreds missing
+    assert digit_credit("724", "7240") == 0.0                   # every digit shifted
+    assert digit_credit("1000", "999") == 0.0
+    assert digit_credit("724", "7a4") == 0.0 and digit_credit("724", "") == 0.0
+    task = load_task(TaskConfig(name="addition", train_size=10, heldout_size=5, reward="digits"), seed=0)
+    p = task.heldout[0]
+    assert task.score(p, p.answer) == 1.0

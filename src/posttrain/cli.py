@@ -120,6 +120,14 @@ def config_show(
     sys.stdout.write(dump_config(load_config(config, overrides)))
 
 
+@config_app.command("reference")
+def config_reference():
+    """Print every config key with its type, default and meaning (markdown; the README's config reference)."""
+    from posttrain.config import config_reference_markdown
+
+    sys.stdout.write(config_reference_markdown() + "\n")
+
+
 @model_app.command("tiny")
 @user_errors
 def model_tiny(

@@ -35,7 +35,12 @@ class TaskConfig(_Section):
     path: str | None = Field(None, description="jsonl file of {prompt, answer} rows when name is 'jsonl'.")
     train_size: int = Field(20000, gt=0, description="Number of training problems generated (built-in tasks).")
     heldout_size: int = Field(500, gt=0, description="Held-out problems, disjoint from every training problem.")
-    max_digits: int = Field(3, ge=1, le=8, description="Longest operand (addition) / sets list length (sorting).")
+    max_digits: int = Field(3, ge=1, le=8, description="Longest operand (addition); sorting lists are up to max_digits+2 long.")
+    reward: Literal["exact", "digits"] = Field(
+        "exact",
+        description="exact: 1 for the exact answer, else 0; digits: share of answer digits right (aligned from the "
+        "right, 1 only for the exact answer). Held-out accuracy is always exact match.",
+    )
 
 
 class AlgorithmConfig(_Section):
@@ -43,7 +48,7 @@ class AlgorithmConfig(_Section):
     group_size: int = Field(8, description="Completions sampled per prompt (GRPO's group).")
     prompts_per_step: int = Field(32, gt=0, description="Prompts per step; the batch is prompts_per_step*group_size samples.")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range of the importance ratio.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL estimate to the reference; 0 = no reference.")
+    kl_coef: float = Field(0.02, ge=0, description="Weight of the k3 KL estimate to the reference; 0 = no reference.")
     loss_agg: Literal["token", "sequence"] = Field(
         "token", description="token: mean over all tokens of the batch; sequence: mean per sequence, then over sequences."
     )
@@ -101,7 +106,7 @@ class TopologyConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(200, ge=0, description="GRPO steps (one rollout batch each).")
+    steps: int = Field(300, ge=0, description="GRPO steps (one rollout batch each).")
 
 
 class EvalConfig(_Section):

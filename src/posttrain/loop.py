@@ -319,6 +319,9 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
 
     summary = build_summary(cfg, state, final_ckpt, time.perf_counter() - wall0)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    from posttrain.evals.run_plots import plot_run
+
+    summary["curves"] = str(plot_run(run_dir))
     return summary
 
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import random
 
-from posttrain.tasks.base import Problem, exact_match
+from posttrain.tasks.base import Problem, verifier_for
 from posttrain.tasks.generated import disjoint_splits
 
 
 class AdditionTask:
     name = "addition"
 
-    def __init__(self, train_size: int, heldout_size: int, *, seed: int = 0, max_digits: int = 3):
+    def __init__(self, train_size: int, heldout_size: int, *, seed: int = 0, max_digits: int = 3, reward: str = "exact"):
         self.max_digits = max(2, max_digits)
+        self.verify = verifier_for(reward)
         self.train, self.heldout = disjoint_splits(self._draw, train_size, heldout_size, seed)
 
     def _operand(self, rng: random.Random) -> int:
@@ -24,4 +25,4 @@ class AdditionTask:
         return Problem(id=f"add:{a}+{b}", prompt=f"{a}+{b}=", answer=str(a + b))
 
     def score(self, problem: Problem, completion: str) -> float:
-        return exact_match(problem.answer, completion)
+        return self.verify(problem.answer, completion)

@@ -30,6 +30,22 @@ def exact_match(answer: str, completion: str) -> float:
     return 1.0 if completion.strip() == answer.strip() else 0.0
 
 
+def digit_credit(answer: str, completion: str) -> float:
+    """Share of positions, aligned from the right, where the completion's digits equal the answer's, over the
+    longer of the two: '725' for '724' -> 2/3; '7240' -> 0 (every position shifts); 1.0 only for the exact
+    answer. A denser signal than exact match for arithmetic, where the last digits are the hard ones."""
+    a, c = answer.strip(), completion.strip()
+    if not c or not c.isdigit():
+        return 0.0
+    width = max(len(a), len(c))
+    same = sum(x == y for x, y in zip(reversed(a), reversed(c)))
+    return same / width
+
+
+def verifier_for(kind: str):
+    return {"exact": exact_match, "digits": digit_credit}[kind]
+
+
 def load_task(cfg: "TaskConfig", seed: int) -> Task:
     """The task named in the config, with splits drawn from `seed`."""
     from posttrain.tasks.addition import AdditionTask
@@ -39,7 +55,8 @@ def load_task(cfg: "TaskConfig", seed: int) -> Task:
 
     builtins = {"addition": AdditionTask, "sorting": SortingTask}
     if cfg.name in builtins:
-        return builtins[cfg.name](cfg.train_size, cfg.heldout_size, seed=seed, max_digits=cfg.max_digits)
+        return builtins[cfg.name](cfg.train_size, cfg.heldout_size, seed=seed, max_digits=cfg.max_digits,
+                                  reward=cfg.reward)
     if cfg.name == "jsonl":
         if not cfg.path:
             raise PosttrainError("task.name is 'jsonl' but task.path is not set", hint="set task.path to a .jsonl file")

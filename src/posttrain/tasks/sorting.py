@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import random
 
-from posttrain.tasks.base import Problem, exact_match
+from posttrain.tasks.base import Problem, verifier_for
 from posttrain.tasks.generated import disjoint_splits
 
 
 class SortingTask:
     name = "sorting"
 
-    def __init__(self, train_size: int, heldout_size: int, *, seed: int = 0, max_digits: int = 3):
+    def __init__(self, train_size: int, heldout_size: int, *, seed: int = 0, max_digits: int = 3, reward: str = "exact"):
         self.max_len = max(4, max_digits + 2)
+        self.verify = verifier_for(reward)
         self.train, self.heldout = disjoint_splits(self._draw, train_size, heldout_size, seed)
 
     def _draw(self, rng: random.Random) -> Problem:
@@ -20,4 +21,4 @@ class SortingTask:
         return Problem(id=f"sort:{digits}", prompt=f"sort:{digits}=", answer="".join(sorted(digits)))
 
     def score(self, problem: Problem, completion: str) -> float:
-        return exact_match(problem.answer, completion)
+        return self.verify(problem.answer, completion)
