@@ -84,3 +84,13 @@ def test_aggregate_ignores_masked_tokens():
     mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     assert float(aggregate(values, mask, "token")) == pytest.approx(3.0)  # (1+3+5)/3
     assert float(aggregate(values, mask, "sequence")) == pytest.approx(2.5)  # (1 + 4)/2
+
+
+def test_learning_rate_schedule_by_hand():
+    from posttrain.training.trainer import learning_rate
+
+    # linear from 1e-3 to 1e-4 over 11 steps: step 5 is half way -> 1e-3 * (1 - 0.9 * 0.5) = 5.5e-4
+    assert learning_rate(0, 11, 1e-3, "linear", 0.1) == pytest.approx(1e-3)
+    assert learning_rate(5, 11, 1e-3, "linear", 0.1) == pytest.approx(5.5e-4)
+    assert learning_rate(10, 11, 1e-3, "linear", 0.1) == pytest.approx(1e-4)
+    assert learning_rate(7, 11, 1e-3, "constant", 0.1) == 1e-3

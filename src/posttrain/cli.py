@@ -31,7 +31,8 @@ def _setup() -> None:
     """posttrain: RL post-training of language models on Ray, with vLLM rollout."""
     import os
 
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no per-load progress bars under ours
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no per-load/save bars under ours
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -56,7 +56,11 @@ class AlgorithmConfig(_Section):
     skip_zero_variance_groups: bool = Field(True, description="Drop groups whose rewards are all equal.")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per rollout batch (>1 exercises clipping).")
     minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over the batch.")
-    lr: float = Field(3e-4, gt=0, description="AdamW learning rate (constant).")
+    lr: float = Field(3e-4, gt=0, description="AdamW peak learning rate.")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "linear", description="constant, or linear decay from lr to lr*lr_final_fraction over train.steps."
+    )
+    lr_final_fraction: float = Field(0.1, ge=0, le=1, description="Learning rate at the last step, as a share of lr.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
@@ -106,7 +110,7 @@ class TopologyConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(300, ge=0, description="GRPO steps (one rollout batch each).")
+    steps: int = Field(400, ge=0, description="GRPO steps (one rollout batch each).")
 
 
 class EvalConfig(_Section):

@@ -146,7 +146,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         batch = TrainBatch(
             prompts=k_prompts, completions=k_comps, advantages=[float(advantages[i]) for i in kept],
             engine_logprobs=[s_engine_lp[i] for i in kept], ref_logprobs=ref_lp,
-            sample_ids=[sample_ids[i] for i in kept],
+            sample_ids=[sample_ids[i] for i in kept], step=step,
         )
         t = time.perf_counter()
         train_metrics = ray.get(roles.trainer.train_step.remote(batch))
@@ -171,6 +171,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         "clip_fraction": train_metrics.get("clip_fraction"),
         "loss": train_metrics.get("loss"),
         "grad_norm": train_metrics.get("grad_norm"),
+        "lr": train_metrics.get("lr"),
         "logprob_gap_mean": train_metrics.get("logprob_gap_mean"),
         "logprob_gap_max": train_metrics.get("logprob_gap_max"),
     }

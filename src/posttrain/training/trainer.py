@@ -29,6 +29,16 @@ class TrainBatch:
     engine_logprobs: list[list[float]]
     ref_logprobs: list[list[float]] | None = None
     sample_ids: list[str] = field(default_factory=list)
+    step: int = 0  # the driver's step index (0-based): sets the learning rate, so a resume follows the same schedule
+
+
+def learning_rate(step: int, total_steps: int, lr: float, schedule: str, final_fraction: float) -> float:
+    """Learning rate for 0-based `step` of `total_steps`: constant, or linear from lr down to lr*final_fraction at
+    the last step."""
+    if schedule == "constant" or total_steps <= 1:
+        return lr
+    progress = min(step, total_steps - 1) / (total_steps - 1)
+    return lr * (1.0 - (1.0 - final_fraction) * progress)
 
 
 def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
@@ -65,6 +75,9 @@ class Trainer:
         ref = pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None else None
         engine_lp = pad_rows(batch.engine_logprobs, T)
 
+        lr = learning_rate(batch.step, self.cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         t0 = time.perf_counter()
         self.model.eval()  # no dropout in these models, but be explicit: old logprobs come from the same function
         with torch.no_grad():
@@ -107,6 +120,7 @@ class Trainer:
                 "logprob_gap_max": float(gap.max()) if tokens else 0.0,
                 "trained_tokens": tokens,
                 "train_compute_s": time.perf_counter() - t0,
+                "lr": lr,
             }
         )
         return metrics
