@@ -143,7 +143,7 @@ class SFTConfig(_Section):
     max_steps: int = Field(1800, gt=0, description="SFT cap when the target is not reached.")
     eval_every: int = Field(50, gt=0, description="SFT held-out evaluation interval (steps); ~0.5 s per 500 problems.")
     target_accuracy: float = Field(
-        0.15, ge=0, le=1, description="Stop SFT at the first held-out eval at or above this (RL needs room above it)."
+        0.1, ge=0, le=1, description="Stop SFT at the first held-out eval at or above this (RL needs room above it)."
     )
     out: str = Field("runs/demo/sft-model", description="Where the warm-started model directory is written.")
 
