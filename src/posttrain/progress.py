@@ -36,9 +36,10 @@ class StepProgress:
             print(f"[{self.description}] {completed}/{self.total} {extras}", file=sys.stderr, flush=True)
 
     def log(self, message: str) -> None:
+        """Messages a user must see (resume point, skipped checkpoints) print even when the bar is off."""
         if self.fancy:
             self._progress.console.print(message)
-        elif self.enabled:
+        else:
             print(message, file=sys.stderr, flush=True)
 
     def close(self) -> None:

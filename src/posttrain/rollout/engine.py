@@ -68,36 +68,16 @@ def check_generate_args(prompts: list[list[int]], spec: SamplingSpec, seeds: lis
         )
 
 
-def make_engine(
-    kind: str,
-    model_dir: str,
-    *,
-    dtype: str = "float32",
-    seed: int = 0,
-    max_model_len: int = 128,
-    kv_cache_gb: float = 1.0,
-    gpu_memory_utilization: float = 0.3,
-    enforce_eager: bool = True,
-) -> RolloutEngine:
-    """Builds an engine of `kind` ("vllm" or "hf") on the HF model directory `model_dir`.
-
-    `max_model_len` is in tokens (prompt + completion); `kv_cache_gb` is the CPU KV-cache size in GiB (vLLM on
-    CPU only); `gpu_memory_utilization` is the fraction of GPU memory vLLM may take (vLLM on GPU only).
-    """
+def make_engine(kind: str, model_dir: str, **options) -> RolloutEngine:
+    """Builds an engine of `kind` ("vllm" or "hf") on the HF model directory `model_dir`. `options` are
+    VllmEngine's keyword arguments (dtype, seed, max_model_len in tokens, kv_cache_gb for vLLM on CPU,
+    gpu_memory_utilization for vLLM on GPU, enforce_eager); the HF engine uses dtype and max_model_len."""
     if kind == "vllm":
         from posttrain.rollout.vllm_engine import VllmEngine
 
-        return VllmEngine(
-            model_dir,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            kv_cache_gb=kv_cache_gb,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-        )
+        return VllmEngine(model_dir, **options)
     if kind == "hf":
         from posttrain.rollout.hf_engine import HfEngine
 
-        return HfEngine(model_dir, dtype=dtype, max_model_len=max_model_len)
+        return HfEngine(model_dir, dtype=options.get("dtype", "float32"), max_model_len=options.get("max_model_len", 128))
     raise PosttrainError(f"rollout.engine: unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
