@@ -152,7 +152,9 @@ def print_summary(summary: dict) -> None:
     table.add_column("value", justify="right")
 
     def fmt(v):
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
+        if isinstance(v, float):
+            return f"{v:.2e}" if v and abs(v) < 1e-2 else f"{v:.3f}"
+        return str(v)
 
     for key in ("steps", "heldout_accuracy_before", "heldout_accuracy_after", "mean_step_seconds", "logprob_gap_mean",
                 "train_wall_seconds", "wall_seconds", "sft_steps", "sft_seconds"):
