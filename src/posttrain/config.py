@@ -199,7 +199,7 @@ def _section_class(loc: tuple) -> type[BaseModel]:
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not isinstance(p, int) or True)
+        loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
         if e["type"] == "extra_forbidden":
             parent = _section_class(loc[:-1])

@@ -35,15 +35,14 @@ class RunState:
     step: int = 0
     cursor: Cursor = field(default_factory=Cursor)
     eval_history: list[dict] = field(default_factory=list)
-    totals: dict[str, float] = field(default_factory=dict)  # seconds per phase, summed over steps
 
     def to_json(self, fingerprint: str) -> dict:
         return {"step": self.step, "cursor": vars(self.cursor), "eval_history": self.eval_history,
-                "totals": self.totals, "config_fingerprint": fingerprint}
+                "config_fingerprint": fingerprint}
 
     @classmethod
     def from_json(cls, d: dict) -> "RunState":
-        return cls(d["step"], Cursor(**d["cursor"]), d["eval_history"], d.get("totals", {}))
+        return cls(d["step"], Cursor(**d["cursor"]), d["eval_history"])
 
 
 # ---------------------------------------------------------------------------------------------- rollout helpers
@@ -291,8 +290,6 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             sample_log.write(samples)
             state.step += 1
             state.cursor = sampler.cursor
-            for k in (*TIME_KEYS, "other", "step"):
-                state.totals[k] = state.totals.get(k, 0.0) + record[f"time/{k}"]
             if cfg.eval.every and state.step % cfg.eval.every == 0 and state.step < cfg.train.steps:
                 t = time.perf_counter()
                 acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens)
@@ -318,11 +315,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         if started_ray:
             stop_ray()
 
-    summary = build_summary(cfg, state, final_ckpt, time.perf_counter() - wall0)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     from posttrain.evals.run_plots import plot_run
 
+    summary = build_summary(cfg, state, final_ckpt, time.perf_counter() - wall0)
     summary["curves"] = str(plot_run(run_dir))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 

@@ -14,7 +14,7 @@ import torch
 from posttrain.algorithms.grpo import clipped_policy_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import load_causal_lm
-from posttrain.training.batch import completion_logprobs, pack
+from posttrain.training.batch import PackedBatch, completion_logprobs, pack
 
 TRAINER_STATE = "trainer_state.pt"
 
@@ -177,9 +177,7 @@ class Trainer:
         return os.getpid()
 
 
-def _select(packed, idx):
-    from posttrain.training.batch import PackedBatch
-
+def _select(packed: PackedBatch, idx: torch.Tensor) -> PackedBatch:
     return PackedBatch(
         packed.input_ids[idx], packed.attention_mask[idx], packed.targets[idx], packed.completion_mask[idx],
         packed.starts[idx],
