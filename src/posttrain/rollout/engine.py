@@ -54,6 +54,15 @@ class RolloutEngine(Protocol):
         ...
 
 
+def check_request_length(tokens: int, max_model_len: int) -> None:
+    """Every engine refuses a request longer than its max_model_len (tokens) with the same message."""
+    if tokens > max_model_len:
+        raise PosttrainError(
+            f"rollout: a request needs {tokens} tokens but max_model_len is {max_model_len}",
+            hint="raise rollout.vllm.max_model_len or shorten prompts / max_new_tokens",
+        )
+
+
 def check_generate_args(prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> None:
     """Validates `generate` arguments the same way for every engine."""
     if len(seeds) != len(prompts):

@@ -8,7 +8,7 @@ samples from its own `torch.Generator(seed)`, so its completions do not depend o
 from __future__ import annotations
 
 from posttrain.errors import PosttrainError
-from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args
+from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args, check_request_length
 
 
 def top_p_filter(logits, top_p: float):
@@ -41,12 +41,7 @@ class HfEngine:
 
         check_generate_args(prompts, spec, seeds)
         longest = max(len(p) for p in prompts)
-        if longest + spec.max_new_tokens > self.max_model_len:
-            raise PosttrainError(
-                f"rollout: a request needs {longest + spec.max_new_tokens} tokens but max_model_len is "
-                f"{self.max_model_len}",
-                hint="raise rollout.max_model_len or shorten prompts / max_new_tokens",
-            )
+        check_request_length(longest + spec.max_new_tokens, self.max_model_len)
         n, rows = spec.n, len(prompts) * spec.n
         input_ids = torch.full((rows, longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((rows, longest), dtype=torch.long)

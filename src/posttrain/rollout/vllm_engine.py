@@ -12,7 +12,7 @@ import os
 
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import check_model_dir
-from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args
+from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args, check_request_length
 from posttrain.rollout.weights import count_tensors
 
 EXTENSION = "posttrain.rollout.vllm_sync.WeightSyncExtension"
@@ -63,7 +63,7 @@ class VllmEngine:
         from vllm import SamplingParams
 
         check_generate_args(prompts, spec, seeds)
-        self._check_length(max(len(p) for p in prompts) + spec.max_new_tokens)
+        check_request_length(max(len(p) for p in prompts) + spec.max_new_tokens, self.max_model_len)
         params = [
             SamplingParams(
                 n=spec.n,
@@ -104,16 +104,9 @@ class VllmEngine:
         if not prompt or not completion:
             raise PosttrainError("completion_logprobs: prompt and completion both need at least one token id")
         full = list(prompt) + list(completion)
-        self._check_length(len(full) + 1)
+        check_request_length(len(full) + 1, self.max_model_len)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=0.0)
         (out,) = self.llm.generate([{"prompt_token_ids": full}], params, use_tqdm=False)
         # prompt_logprobs[i] is a {token_id: Logprob} dict for full[i] given full[:i] (None for i == 0).
         steps = out.prompt_logprobs[len(prompt) :]
         return [step[token].logprob for token, step in zip(completion, steps)]
-
-    def _check_length(self, tokens: int) -> None:
-        if tokens > self.max_model_len:
-            raise PosttrainError(
-                f"rollout: a request needs {tokens} tokens but max_model_len is {self.max_model_len}",
-                hint="raise rollout.vllm.max_model_len or shorten prompts / max_new_tokens",
-            )

@@ -161,16 +161,6 @@ class Trainer:
         random.setstate(_tuplify(ts["python_rng"]))
         self.updates = int(ts["updates"])
 
-    def weights_digest(self) -> str:
-        """sha256 over every parameter's bytes, for tests that compare weights across a resume."""
-        import hashlib
-
-        h = hashlib.sha256()
-        for name, p in sorted(self.model.state_dict().items()):
-            h.update(name.encode())
-            h.update(p.detach().contiguous().numpy().tobytes())
-        return h.hexdigest()
-
     def ping(self) -> int:
         import os
 
