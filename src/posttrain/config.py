@@ -109,6 +109,12 @@ class TopologyConfig(_Section):
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads for the trainer and reference.")
 
 
+class RewardConfig(_Section):
+    """How samples are scored: sources, their weights, and what a failed score becomes."""
+
+    default: float = Field(0.0, description="Reward given to a sample whose scoring failed (error, NaN, wrong type).")
+
+
 class TrainConfig(_Section):
     steps: int = Field(400, ge=0, description="GRPO steps (one rollout batch each).")
 
@@ -156,6 +162,7 @@ class RunConfig(_Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -30,13 +30,13 @@ def score_one(task: Task, problem: Problem, completion: str, default: float = 0.
 class RewardWorker:
     """The reward role for verifiable tasks. Made a Ray actor by the driver; holds the task's problems by id."""
 
-    def __init__(self, cfg_dict: dict, default_reward: float = 0.0):
+    def __init__(self, cfg_dict: dict):
         from posttrain.config import RunConfig
         from posttrain.tasks import load_task
 
         cfg = RunConfig.model_validate(cfg_dict)
         self.task = load_task(cfg.task, cfg.seed)
-        self.default = default_reward
+        self.default = cfg.reward.default
 
     def score(self, items: list[tuple[str, str, str, str]]) -> list[tuple[float, str | None]]:
         """items: (problem_id, prompt, answer, completion_text) -> (reward, error) per item."""
