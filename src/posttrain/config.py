@@ -130,8 +130,21 @@ class CheckpointConfig(_Section):
 
 
 class LoggingConfig(_Section):
-    sinks: list[Literal["jsonl"]] = Field(default_factory=lambda: ["jsonl"], description="Metric sinks; metrics.jsonl is always written.")
+    sinks: list[Literal["jsonl", "tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Metric sinks: jsonl, tensorboard (runs/<name>/tensorboard/), mlflow, wandb; metrics.jsonl is "
+        "always written. Secrets are redacted from the config they log.",
+    )
     progress: bool = Field(True, description="Rich progress bar on a terminal (plain lines otherwise).")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; None: a local sqlite store runs/<name>/mlflow.db (nothing leaves the machine)."
+    )
+    mlflow_experiment: str = Field("posttrain", description="MLflow experiment the run is logged under.")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="W&B mode; offline writes runs/<name>/wandb/ and uploads nothing (`wandb sync` later)."
+    )
+    wandb_project: str = Field("posttrain", description="W&B project.")
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user); None: your default.")
 
 
 class RayConfig(_Section):

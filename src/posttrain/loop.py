@@ -21,7 +21,7 @@ from posttrain.rewards.verifier import score_one
 from posttrain.rollout.engine import SamplingSpec
 from posttrain.rollout.sampler import Cursor, PromptSampler, sample_seed
 from posttrain.tasks import Problem, load_task
-from posttrain.tracking import MetricsWriter
+from posttrain.tracking import MetricsWriter, open_run_log
 from posttrain.training import checkpoint as ckpt
 from posttrain.training.trainer import TrainBatch
 
@@ -266,7 +266,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
                 "(raise train.steps to continue it)")
         bar.close()
         return build_summary(cfg, state, resume_path, time.perf_counter() - wall0)
-    writer = MetricsWriter(run_dir, resume_from_step=state.step if resume else None)
+    writer = open_run_log(cfg, run_dir, resume_from_step=state.step if resume else None)  # metrics.jsonl + logging.sinks
     sample_log = MetricsWriter(run_dir, resume_from_step=state.step if resume else None, filename="samples.jsonl")
     sampler = PromptSampler(task.train, cfg.seed, state.cursor)
 
@@ -299,13 +299,14 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             writer.write(record)
             bar.update(state.step, reward=record["reward_mean"], acc=record["accuracy"], **{"tok/s": int(record["tokens_per_s"])})
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.train.steps:
-                save_checkpoint(cfg, roles, state)
+                writer.log_checkpoint(state.step, save_checkpoint(cfg, roles, state))
                 last_ckpt_step = state.step
         if not state.eval_history or state.eval_history[-1]["step"] != state.step:
             acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens)
             state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
             writer.write({"step": state.step, "eval/heldout_accuracy": acc})
         final_ckpt = save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step else ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
+        writer.log_checkpoint(state.step, final_ckpt)
     finally:
         bar.close()
         writer.close()
