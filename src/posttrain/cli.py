@@ -145,6 +145,15 @@ def model_tiny(
     console.print(f"wrote {build_tiny_model(out, size, arch=arch, tie_word_embeddings=tied, seed=seed)}")
 
 
+def _register_view() -> None:
+    from posttrain.cli_view import view
+
+    app.command("view")(user_errors(view))
+
+
+_register_view()
+
+
 def print_summary(summary: dict) -> None:
     table = Table(title=f"run {summary.get('name')}")
     table.add_column("metric")

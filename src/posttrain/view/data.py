@@ -1,0 +1,182 @@
+"""What the run viewer reads from runs/<name>/: metrics.jsonl, samples.jsonl, config.yaml, summary.json and the
+checkpoints with their manifests and gate verdicts. A run in progress is normal: a half-written last line is
+skipped, and summary.json or checkpoints may not exist yet."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from posttrain.errors import PosttrainError
+
+PHASES = ("generate", "reward", "reference", "train", "sync", "other")
+# Which phases keep each role busy; sync occupies the trainer (export) and the engines (load) at once.
+ROLE_PHASES = {"rollout": ("generate", "sync"), "trainer": ("train", "sync"), "reference": ("reference",), "reward": ("reward",)}
+CHECKPOINT_DIR = re.compile(r"^step[_-](\d+)$")
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    path: Path
+    complete: bool  # manifest.json present (written last, so a checkpoint without one is incomplete)
+    bytes: int | None
+    created_unix: float | None
+    gate: str | None  # the gate's verdict when one was recorded (manifest "gate" or gate.json)
+    gate_detail: str = ""
+
+
+@dataclass
+class RunView:
+    run_dir: Path
+    name: str
+    config: dict
+    metrics: list[dict]
+    summary: dict | None
+    checkpoints: list[Checkpoint]
+    samples: dict[int, list]  # step -> [[id, text, reward], ...] for the chosen steps
+    sample_steps: list[int]  # every step that has samples
+    notes: list[str] = field(default_factory=list)  # things the reader noticed (a half-written line, ...)
+
+    @property
+    def steps(self) -> list[dict]:
+        """Training step records (eval-only lines excluded)."""
+        return [m for m in self.metrics if "time/step" in m]
+
+    @property
+    def evals(self) -> list[tuple[int, float]]:
+        return [(m["step"], m["eval/heldout_accuracy"]) for m in self.metrics if m.get("eval/heldout_accuracy") is not None]
+
+    @property
+    def alarms(self) -> dict[int, dict[str, object]]:
+        """step -> {alarm name: value} for every `alarm/*` key that fired (a true, non-zero or non-empty value)."""
+        out: dict[int, dict[str, object]] = {}
+        for m in self.metrics:
+            for k, v in m.items():
+                if k.startswith("alarm/") and v not in (None, False, 0, 0.0, "", [], {}):
+                    out.setdefault(int(m.get("step", 0)), {})[k.removeprefix("alarm/")] = v
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def total_steps(self) -> int | None:
+        return (self.config.get("train") or {}).get("steps")
+
+
+def read_jsonl(path: Path, notes: list[str]) -> list[dict]:
+    """Rows of a jsonl file that may be being written: a broken last line is skipped (and noted); a broken line
+    before it is an error naming the file and line."""
+    if not path.exists():
+        return []
+    lines = path.read_text(errors="replace").split("\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if all(not rest.strip() for rest in lines[i + 1:]):
+                notes.append(f"{path.name}: line {i + 1} is incomplete (still being written); skipped")
+                break
+            raise PosttrainError(f"{path}: line {i + 1} is not valid JSON ({e.msg})",
+                                 hint="fix or remove that line; the viewer reads every other line as written") from None
+    return rows
+
+
+def _gate_of(ckpt_dir: Path, manifest: dict) -> tuple[str | None, str]:
+    gate = manifest.get("gate")
+    gate_file = ckpt_dir / "gate.json"
+    if gate is None and gate_file.exists():
+        try:
+            gate = json.loads(gate_file.read_text())
+        except json.JSONDecodeError:
+            return "unreadable", f"{gate_file.name} is not valid JSON"
+    if gate is None:
+        return None, ""
+    if isinstance(gate, dict):
+        verdict = gate.get("verdict") or ("pass" if gate.get("passed") else "fail" if "passed" in gate else None)
+        detail = gate.get("reason") or gate.get("detail") or ""
+        return (str(verdict) if verdict is not None else "recorded"), str(detail)
+    return str(gate), ""
+
+
+def read_checkpoints(root: Path) -> list[Checkpoint]:
+    out = []
+    if not root.is_dir():
+        return out
+    for p in root.iterdir():
+        m = CHECKPOINT_DIR.match(p.name)
+        if not (p.is_dir() and m):
+            continue
+        mpath = p / "manifest.json"
+        manifest = {}
+        if mpath.exists():
+            try:
+                manifest = json.loads(mpath.read_text())
+            except json.JSONDecodeError:
+                manifest = {}
+        files = manifest.get("files") or {}
+        gate, detail = _gate_of(p, manifest)
+        out.append(Checkpoint(
+            step=int(m.group(1)), path=p, complete=bool(manifest), created_unix=manifest.get("created_unix"),
+            bytes=sum(int(f.get("bytes", 0)) for f in files.values()) if files else None, gate=gate, gate_detail=detail,
+        ))
+    return sorted(out, key=lambda c: c.step)
+
+
+def default_sample_steps(steps: list[int], count: int = 3) -> list[int]:
+    """First, middle and last step (or fewer when the run has fewer)."""
+    if not steps:
+        return []
+    picks = {steps[round(i * (len(steps) - 1) / max(count - 1, 1))] for i in range(count)}
+    return sorted(picks)
+
+
+def read_run(run_dir: str | Path, sample_steps: list[int] | None = None) -> RunView:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise PosttrainError(f"run directory {run_dir} does not exist", hint="pass runs/<name> of a run that has started")
+    notes: list[str] = []
+    config = {}
+    if (run_dir / "config.yaml").exists():
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    metrics = read_jsonl(run_dir / "metrics.jsonl", notes)
+    if not metrics and not (run_dir / "metrics.jsonl").exists():
+        notes.append("no metrics.jsonl yet: the run has not logged a step")
+    summary = None
+    if (run_dir / "summary.json").exists():
+        try:
+            summary = json.loads((run_dir / "summary.json").read_text())
+        except json.JSONDecodeError:
+            notes.append("summary.json is incomplete (still being written)")
+    sample_rows = read_jsonl(run_dir / "samples.jsonl", notes)
+    all_steps = sorted({int(r["step"]) for r in sample_rows if "step" in r})
+    wanted = sample_steps if sample_steps else default_sample_steps(all_steps)
+    missing = [s for s in wanted if s not in all_steps]
+    if sample_steps and missing:
+        notes.append(f"no samples recorded at step(s) {', '.join(map(str, missing))}")
+    samples = {int(r["step"]): r.get("samples", []) for r in sample_rows if int(r.get("step", -1)) in wanted}
+    return RunView(run_dir=run_dir, name=config.get("name", run_dir.name), config=config, metrics=metrics,
+                   summary=summary, checkpoints=read_checkpoints(run_dir / "checkpoints"), samples=samples,
+                   sample_steps=all_steps, notes=notes)
+
+
+def busy_fractions(steps: list[dict]) -> dict[str, float]:
+    """Share of the steps' wall time each role was working (sums of its phases over sums of time/step). A role
+    that reports `busy/<role>` itself is taken at its word (mean over steps)."""
+    if not steps:
+        return {}
+    wall = sum(m.get("time/step") or 0.0 for m in steps) or 1e-9
+    out = {}
+    for role, phases in ROLE_PHASES.items():
+        own = [m[f"busy/{role}"] for m in steps if m.get(f"busy/{role}") is not None]
+        out[role] = sum(own) / len(own) if own else sum((m.get(f"time/{p}") or 0.0) for m in steps for p in phases) / wall
+    return out
