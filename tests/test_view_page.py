@@ -61,6 +61,12 @@ def test_run_in_progress_skips_a_half_written_last_line(tmp_path):
     html = build_page(run, refresh_seconds=5)
     assert 'http-equiv="refresh" content="5"' in html and 'data-status="running"' in html
     assert re.search(r'data-metric="reward_mean" data-value="0.25">0.2500<', html)
+    # samples.jsonl cut mid-line too: the step being written is neither listed nor shown
+    full = "".join(json.dumps({"step": s, "samples": [[f"{s - 1}/p/0", "12", 1.0]]}) + "\n" for s in (1, 2))
+    (run.run_dir / "samples.jsonl").write_text(full + '{"step": 3, "samples": [["2/p/0", "1')
+    again = read_run(run.run_dir)
+    assert again.sample_steps == [1, 2] and sorted(again.samples) == [1, 2]
+    assert any("samples.jsonl: line 3 is incomplete" in n for n in again.notes)
 
 
 def test_a_broken_line_before_the_end_names_file_and_line(tmp_path):

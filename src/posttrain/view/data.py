@@ -76,6 +76,14 @@ def read_jsonl(path: Path, notes: list[str]) -> list[dict]:
     if not path.exists():
         return []
     lines = path.read_text(errors="replace").split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return read_jsonl_lines(path, lines, notes, last=True)
+
+
+def read_jsonl_lines(path: Path, lines: list[str], notes: list[str], *, last: bool, first_line: int = 1) -> list[dict]:
+    """Parses `lines` (line numbers from `first_line`); `last`: they end the file, so a broken final line is a
+    write in progress rather than an error."""
     rows = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -83,10 +91,10 @@ def read_jsonl(path: Path, notes: list[str]) -> list[dict]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            if all(not rest.strip() for rest in lines[i + 1:]):
-                notes.append(f"{path.name}: line {i + 1} is incomplete (still being written); skipped")
+            if last and i == len(lines) - 1:
+                notes.append(f"{path.name}: line {first_line + i} is incomplete (still being written); skipped")
                 break
-            raise PosttrainError(f"{path}: line {i + 1} is not valid JSON ({e.msg})",
+            raise PosttrainError(f"{path}: line {first_line + i} is not valid JSON ({e.msg})",
                                  hint="fix or remove that line; the viewer reads every other line as written") from None
     return rows
 
@@ -132,6 +140,40 @@ def read_checkpoints(root: Path) -> list[Checkpoint]:
     return sorted(out, key=lambda c: c.step)
 
 
+STEP_PREFIX = re.compile(r'^\{"step": (\d+)[,}]')  # how the loop writes samples.jsonl lines
+
+
+def read_samples(path: Path, wanted: list[int] | None, notes: list[str]) -> tuple[list[int], dict[int, list]]:
+    """(every step with samples, {step: samples} for the wanted steps; default first, middle, last). Only the
+    wanted lines are parsed in full: samples.jsonl grows by a batch of completions per step and is re-read on
+    every rebuild of a served page."""
+    if not path.exists():
+        return [], {}
+    lines = [l for l in path.read_text(errors="replace").split("\n") if l.strip()]
+    index: dict[int, int] = {}  # step -> line index
+    for i, line in enumerate(lines):
+        m = STEP_PREFIX.match(line)
+        if m is None:  # not written by the loop: parse the line to find its step
+            rows = read_jsonl_lines(path, [line], notes, last=i == len(lines) - 1, first_line=i + 1)
+            if not rows:
+                continue
+        index[int(m.group(1)) if m else int(rows[0]["step"])] = i
+    chosen = wanted or default_sample_steps(sorted(index))
+    out = {}
+    for s in chosen:
+        if s in index:
+            i = index[s]
+            rows = read_jsonl_lines(path, [lines[i]], notes, last=i == len(lines) - 1, first_line=i + 1)
+            if rows:
+                out[s] = rows[0].get("samples", [])
+            else:  # the line being written
+                del index[s]
+    missing = [s for s in chosen if s not in index]
+    if wanted and missing:
+        notes.append(f"no samples recorded at step(s) {', '.join(map(str, missing))}")
+    return sorted(index), out
+
+
 def default_sample_steps(steps: list[int], count: int = 3) -> list[int]:
     """First, middle and last step (or fewer when the run has fewer)."""
     if not steps:
@@ -157,13 +199,7 @@ def read_run(run_dir: str | Path, sample_steps: list[int] | None = None) -> RunV
             summary = json.loads((run_dir / "summary.json").read_text())
         except json.JSONDecodeError:
             notes.append("summary.json is incomplete (still being written)")
-    sample_rows = read_jsonl(run_dir / "samples.jsonl", notes)
-    all_steps = sorted({int(r["step"]) for r in sample_rows if "step" in r})
-    wanted = sample_steps if sample_steps else default_sample_steps(all_steps)
-    missing = [s for s in wanted if s not in all_steps]
-    if sample_steps and missing:
-        notes.append(f"no samples recorded at step(s) {', '.join(map(str, missing))}")
-    samples = {int(r["step"]): r.get("samples", []) for r in sample_rows if int(r.get("step", -1)) in wanted}
+    all_steps, samples = read_samples(run_dir / "samples.jsonl", sample_steps, notes)
     return RunView(run_dir=run_dir, name=config.get("name", run_dir.name), config=config, metrics=metrics,
                    summary=summary, checkpoints=read_checkpoints(run_dir / "checkpoints"), samples=samples,
                    sample_steps=all_steps, notes=notes)
