@@ -57,7 +57,8 @@ def real_run(tmp_path_factory, warm_model_dir):
 
     cfg = load_config(None, [
         "name=viewed", f"runs_dir={tmp_path_factory.mktemp('runs')}", f"model.path={warm_model_dir}",
-        "rollout.engine=hf", "algorithm.prompts_per_step=4", "algorithm.group_size=4", "task.heldout_size=32",
+        # digits reward: partial credit gives every group reward variance, so every step trains (KL, entropy)
+        "rollout.engine=hf", "algorithm.prompts_per_step=4", "algorithm.group_size=4", "task.reward=digits", "task.heldout_size=32",
         "train.steps=4", "eval.every=2", "checkpoint.every=2", "logging.progress=false",
         "logging.sinks=[jsonl,tensorboard,mlflow,wandb]",
     ])
@@ -76,7 +77,9 @@ def test_loop_passes_every_step_to_the_configured_sinks(real_run):
     steps = [m for m in read_metrics(real_run) if "time/step" in m]
     acc = EventAccumulator(str(real_run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    assert [(e.step, e.value) for e in acc.Scalars("reward_mean")] == pytest.approx([(m["step"], m["reward_mean"]) for m in steps])
+    events = acc.Scalars("reward_mean")
+    assert [e.step for e in events] == [m["step"] for m in steps] == [1, 2, 3, 4]
+    assert [e.value for e in events] == pytest.approx([m["reward_mean"] for m in steps], abs=1e-6)  # float32 in events
     assert [e.step for e in acc.Tensors("checkpoint/text_summary")] == [2, 4]
     ids = json.loads((real_run / "tracking.json").read_text())
     run = MlflowClient(f"sqlite:///{real_run / 'mlflow.db'}").get_run(ids["mlflow_run_id"])
@@ -102,6 +105,7 @@ def test_finished_run_page_in_chromium(real_run, browser, tmp_path):
     assert set(drawn) == set(CHARTS)
     for name, c in drawn.items():
         assert c["width"] > 100 and c["height"] > 50 and c["marks"] > 0 and c["area"] > 0, (name, c)
+    assert all(m.get("entropy") is not None for m in steps), "every step trained: each curve has a point per step"
     assert drawn["step-time"]["marks"] == 6 * len(steps)  # one rect per phase per step (4 steps: no binning)
     assert drawn["busy"]["marks"] == 4  # rollout, trainer, reference, reward
     # the numbers shown are metrics.jsonl's (exact values in data-value, rounded ones in the text)
