@@ -93,3 +93,17 @@ def test_plan_cli_for_a_7b_config_without_weights(tmp_path):
     assert doc["chosen"] == min((p for p in doc["layouts"] if p["feasible"]), key=lambda p: p["usd_per_step"])["layout"]
     r = CliRunner().invoke(app, ["plan", "examples/plan-7b-grpo.yaml", "--cluster", "8xTPU"])
     assert r.exit_code == 2 and "unknown device" in r.output
+
+
+def test_run_summary_accounting_uses_the_topology_shares_and_price():
+    from posttrain.config import load_config
+    from posttrain.cost.run_accounting import accounting_for_run
+
+    cfg = load_config(None, ["rollout.num_workers=2", "topology.usd_per_device_hour=7.2", "algorithm.kl_coef=0"])
+    acc = accounting_for_run(cfg, [{"time/step": 5.0, "time/generate": 4.0, "time/train": 1.0}])
+    # Devices: trainer 1 CPU slot, rollout 2 * 0.5, reward 0.25, no reference (kl 0) -> 2.25 * 5 s = 11.25;
+    # at $7.2/h: 11.25 * 7.2 / 3600 = $0.0225.
+    assert set(acc["roles"]) == {"trainer", "rollout", "reward"}
+    assert acc["device_seconds"] == pytest.approx(11.25) and acc["usd"] == pytest.approx(0.0225)
+    assert acc["roles"]["rollout"]["busy_fraction"] == pytest.approx(0.8)
+    assert acc["price_source"] == "topology.usd_per_device_hour"

@@ -42,11 +42,15 @@ def test_memory_formulas():
     assert M.weight_bytes(s7, "bfloat16") == 13_476_831_232  # 2 bytes/param
     # KV per token, Llama-3.1-8B bf16: 2 * 32 layers * 8 kv heads * 128 head_dim * 2 bytes = 131,072.
     assert M.kv_bytes_per_token(shape_from_config(LLAMA31_8B), "bfloat16") == 131_072
-    # Activations s=1024, b=4, h=4096, a=32, bf16: per layer s*b*h*(34 + 5*a*s/h) = 16,777,216 * (34 + 40) =
-    # 1,241,513,984; * 32 layers = 39,728,447,488; + fp32 logits 1024*4*32000*4 = 524,288,000 -> 40,252,735,488.
-    assert M.activation_bytes(s7, 1024, 4, "bfloat16", checkpointing=False) == 40_252_735_488
-    # Full recomputation keeps 2*s*b*h per layer: 2*16,777,216*32 = 1,073,741,824 + 524,288,000 = 1,598,029,824.
+    # Activations s=1024, b=4 (4096 tokens), bf16, Llama-style layer: 8h + 2*kv_dim + 4i = 32,768 + 8,192 + 44,032
+    # = 84,992 elements/token/layer * 2 B = 169,984 B; * 4096 tokens * 32 layers = 22,280,142,848;
+    # + fp32 logits 4096 * 32000 * 4 = 524,288,000 -> 22,804,430,848.
+    assert M.activation_bytes(s7, 1024, 4, "bfloat16", checkpointing=False) == 22_804_430_848
+    # Full recomputation keeps the layer input h per token: 4096*2 B * 4096 * 32 = 1,073,741,824 + 524,288,000.
     assert M.activation_bytes(s7, 1024, 4, "bfloat16", checkpointing=True) == 1_598_029_824
+    # Megatron's GPT count for comparison: s*b*h*(34 + 5*a*s/h) = 16,777,216 * (34 + 40) = 1,241,513,984 per
+    # layer * 32 = 39,728,447,488.
+    assert M.megatron_activation_bytes(s7, 1024, 4, checkpointing=False) == 39_728_447_488
 
 
 def _inputs(cluster="8xH100-80GB", **kw):
@@ -62,7 +66,8 @@ def test_colocated_memory_and_time_by_hand():
     # Per device: policy states 13,476,831,232 + reference weights 13,476,831,232/8 = 1,684,603,904 (resident),
     # plus the largest phase working set: the engine's (tp=1: 13.5 GB weights <= half of 72 GB usable) weights
     # 13,476,831,232 + KV 64 seqs * 1024 tokens * 524,288 B/token (2*32*32*128*2) / 8 = 4,294,967,296
-    # = 17,771,798,528 (> policy activations 399,507,456 and reference forward 441,450,496).
+    # = 17,771,798,528 (> policy activations 399,507,456 and reference forward 1024 * (84,992 * 2 + 32000 * 4)
+    # = 305,135,616).
     # Peak 13,476,831,232 + 1,684,603,904 + 17,771,798,528 = 32,933,233,664.
     assert plan.peak_bytes_per_device == pytest.approx(32_933_233_664)
     assert plan.headroom_bytes == pytest.approx(80e9 - 32_933_233_664)
@@ -82,7 +87,8 @@ def test_colocated_memory_and_time_by_hand():
 
 
 def test_infeasible_layout_names_the_device_and_the_roles():
-    # 256 sequences of 1024 tokens, whole micro-batch (32/device), no recomputation: activations alone 318 GB.
+    # 256 sequences of 1024 tokens, whole micro-batch (32/device), no recomputation: activations alone
+    # 32 * 1024 * 169,984 * 32 = 178 GB.
     inp = _inputs(workload=Workload(256, 512, 512), checkpointing=False)
     plan = colocated(inp)
     assert not plan.feasible

@@ -27,3 +27,26 @@ def run_accounting(records: list[dict], devices: dict[str, float], usd_per_devic
     return {"wall_seconds": wall, "roles": roles, "device_seconds": total,
             "busy_device_seconds": sum(v["busy_seconds"] * v["devices"] for v in roles.values()),
             "usd_per_device_hour": usd_per_device_hour, "usd": total * usd_per_device_hour / 3600}
+
+
+def devices_per_role(cfg) -> dict[str, float]:
+    """Devices each role holds for the run, from the topology shares: GPUs where the config gives them, else CPU
+    slots (on a CPU machine the devices are CPU slots)."""
+    t = cfg.topology
+    out = {"trainer": t.trainer_gpus or t.trainer_cpus,
+           "rollout": cfg.rollout.num_workers * (t.rollout_gpus or t.rollout_cpus),
+           "reward": t.reward_cpus}
+    if cfg.algorithm.kl_coef > 0:
+        out["reference"] = t.reference_cpus
+    return out
+
+
+def accounting_for_run(cfg, records: list[dict]) -> dict:
+    """run_accounting at topology.usd_per_device_hour, or the price file's default on-demand price."""
+    price, source = cfg.topology.usd_per_device_hour, "topology.usd_per_device_hour"
+    if price is None:
+        from posttrain.cost.prices import load_prices
+
+        row = load_prices().price()
+        price, source = row.usd_per_gpu_hour, f"{row.gpu} {row.provider} {row.kind} ({row.date})"
+    return {**run_accounting(records, devices_per_role(cfg), price), "price_source": source}

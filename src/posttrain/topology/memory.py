@@ -2,8 +2,8 @@
 
 Sources (see /work/shared/reference/cost-and-memory-facts.md): mixed-precision Adam keeps 16 bytes per parameter
 (2 weights + 2 gradients + 12 fp32 master, momentum, variance), divided across N ranks under ZeRO-3 / FSDP
-(Rajbhandari et al., arXiv:1910.02054); activations per layer s*b*h*(34 + 5*a*s/h) bytes at 16 bits, 2*s*b*h with
-full recomputation (Korthikanti et al., arXiv:2205.05198); KV cache 2*layers*kv_heads*head_dim*bytes per token."""
+(Rajbhandari et al., arXiv:1910.02054); activations counted per saved tensor of a Llama-style layer (Korthikanti et
+al., arXiv:2205.05198 give the GPT/Megatron count, kept here for comparison); KV cache 2*layers*kv_heads*head_dim*bytes per token."""
 
 from __future__ import annotations
 
@@ -24,20 +24,37 @@ def train_state_bytes(shape: ModelShape, dtype: str, shards: int = 1) -> float:
     return shape.params * TRAIN_STATE_BYTES[dtype] / shards
 
 
+def activation_elements_per_token(shape: ModelShape) -> int:
+    """Elements one decoder layer saves for backward per token, for a Llama-style layer (RMSNorm, fused
+    attention that keeps no s*s scores, SwiGLU MLP, no dropout): the inputs of the two norms, of q/k/v, of o_proj
+    and of gate/up (h each: 5h), rotated q and the attention output (2h), k and v (2*kv_dim), and in the MLP the
+    gate and up outputs, the activation and the down_proj input (4i; 2i without a gate), plus the residual
+    stream (h): 8h + 2*kv_dim + 4i."""
+    kv = shape.kv_heads * shape.head_dim
+    return 8 * shape.hidden + 2 * kv + (4 if shape.gated_mlp else 2) * shape.intermediate
+
+
 def activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, dtype: str, checkpointing: bool) -> float:
-    """Activations kept for the backward pass of one micro-batch: per layer s*b*h*(34 + 5*a*s/h) bytes at 16 bits
-    (2*s*b*h with full recomputation), scaled by bytes per element / 2, plus the fp32 logits s*b*vocab*4 which the
-    loss keeps (large for big vocabularies)."""
+    """Activations kept for the backward pass of one micro-batch: per layer and token
+    activation_elements_per_token elements (only the layer input, h, with full recomputation), plus the fp32
+    logits s*b*vocab*4 that the loss keeps. (Megatron's s*b*h*(34 + 5*a*s/h) -- megatron_activation_bytes -- counts
+    unfused attention scores and dropout masks, which the models here do not have.)"""
+    tokens = seq_len * micro_batch
+    per_token = shape.hidden if checkpointing else activation_elements_per_token(shape)
+    return shape.layers * tokens * per_token * BYTES_PER_ELEMENT[dtype] + tokens * shape.vocab * 4
+
+
+def megatron_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, checkpointing: bool) -> float:
+    """Korthikanti et al. (arXiv:2205.05198), 16-bit, no parallelism: s*b*h*(34 + 5*a*s/h) per layer, 2*s*b*h with
+    full recomputation (GPT layers: unfused attention, dropout)."""
     s, b, h, a = seq_len, micro_batch, shape.hidden, shape.heads
-    per_layer_16bit = 2 * s * b * h if checkpointing else s * b * h * (34 + 5 * a * s / h)
-    scale = BYTES_PER_ELEMENT[dtype] / 2
-    return shape.layers * per_layer_16bit * scale + s * b * shape.vocab * 4
+    return shape.layers * (2 * s * b * h if checkpointing else s * b * h * (34 + 5 * a * s / h))
 
 
 def forward_activation_bytes(shape: ModelShape, seq_len: int, micro_batch: int, dtype: str) -> float:
     """Forward-only working set (no graph kept): one layer's activations at a time plus the fp32 logits."""
-    s, b, h, a = seq_len, micro_batch, shape.hidden, shape.heads
-    return s * b * h * (34 + 5 * a * s / h) * BYTES_PER_ELEMENT[dtype] / 2 + s * b * shape.vocab * 4
+    tokens = seq_len * micro_batch
+    return tokens * (activation_elements_per_token(shape) * BYTES_PER_ELEMENT[dtype] + shape.vocab * 4)
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype: str) -> float:
