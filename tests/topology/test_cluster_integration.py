@@ -84,8 +84,9 @@ def test_split_plan_puts_each_role_on_its_own_devices(cluster_facts):
     # The rule-based reward worker holds no model: it shares the trainer's device, half a GPU each.
     assert (slots["reward"]["group"], slots["reward"]["bundle"]) == (slots["trainer"]["group"], slots["trainer"]["bundle"])
     assert slots["trainer"]["resources"]["GPU"] == 0.5
-    assert f["actors"]["trainer"]["node_id"] != f["actors"]["rollout1"]["node_id"] or \
-        slots["trainer"]["group"] == slots["rollout1"]["group"]
+    # Roles on disjoint devices get distinct bundles (or distinct nodes).
+    at = {n: (s["group"], s["bundle"]) for n, s in slots.items()}
+    assert at["trainer"] != at["reference"] and at["trainer"] != at["rollout0"] and at["reference"] != at["rollout1"]
 
 
 def test_launch_target_ray_submits_a_job_that_trains(cluster_facts):
