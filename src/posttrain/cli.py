@@ -175,6 +175,11 @@ def print_summary(summary: dict) -> None:
     console.print(table)
 
 
+from posttrain.cli_topology import register as _register_topology  # noqa: E402  (plan, cost, launch)
+
+_register_topology(app, user_errors)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

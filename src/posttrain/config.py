@@ -107,6 +107,23 @@ class TopologyConfig(_Section):
     rollout_gpus: float = Field(0.0, ge=0, description="GPUs per rollout worker (fractions colocate).")
     trainer_gpus: float = Field(0.0, ge=0, description="GPUs for the trainer.")
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads for the trainer and reference.")
+    mode: Literal["manual", "auto", "colocated", "split_pairs", "split"] = Field(
+        "manual",
+        description="manual: one PACK placement group, a bundle per role from the shares above; auto: the planner's "
+        "cheapest feasible layout on `cluster`; colocated / split_pairs / split: that layout (see `posttrain plan`).",
+    )
+    cluster: str | None = Field(None, description="Planner's cluster, NODESxDEVICESxTYPE[-MEMGB], e.g. 2x8xH100-80GB.")
+    reward_model: str | None = Field(
+        None, description="Planner: HF config (dir or config.json) of a reward model; None = rule-based verifier."
+    )
+    critic_model: str | None = Field(None, description="Planner: HF config of a critic (value) model; None = no critic.")
+    micro_batch: int | None = Field(
+        None, ge=1, description="Planner: sequences per device per forward/backward; None = the whole minibatch."
+    )
+    activation_checkpointing: bool = Field(False, description="Planner: assume full activation recomputation.")
+    usd_per_device_hour: float | None = Field(
+        None, gt=0, description="Price for plan costs and the run summary's cost; None = the price file's default."
+    )
 
 
 class RewardConfig(_Section):

@@ -325,6 +325,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
 
 
 def build_summary(cfg: RunConfig, state: RunState, final_ckpt: Path | None, wall: float) -> dict:
+    from posttrain.cost.run_accounting import accounting_for_run
     from posttrain.tracking import read_metrics
 
     steps = [m for m in read_metrics(cfg.run_dir) if "time/step" in m]
@@ -342,6 +343,7 @@ def build_summary(cfg: RunConfig, state: RunState, final_ckpt: Path | None, wall
         "step_time_split": split,
         "logprob_gap_mean": sum(gaps) / len(gaps) if gaps else None,
         "final_checkpoint": str(final_ckpt) if final_ckpt else None,
+        "accounting": accounting_for_run(cfg, steps),  # device-seconds, busy fraction per role, cost
     }
 
 

@@ -1,5 +1,6 @@
 """Creating the run's roles as Ray actors in one placement group: a bundle per role, so what the config asks for
-is what Ray reserves (the topology planner of a later issue will choose the bundles and strategy)."""
+is what Ray reserves; with topology.mode other than manual, the planner's layout decides groups and bundles
+(topology/placement.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class Roles:
     rollout: list[Any]
     reward: Any
     reference: Any | None
-    placement_group: Any
+    placement_group: Any  # the list of placement groups the placement spec reserved
 
 
 def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
@@ -39,28 +40,22 @@ def needed_cpus(cfg: RunConfig) -> float:
 
 def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
     import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from posttrain.rewards.verifier import RewardWorker
     from posttrain.rollout.worker import RolloutWorker, rollout_worker_env
     from posttrain.training.reference import ReferenceModel
     from posttrain.training.trainer import Trainer
 
-    bundles = role_bundles(cfg)
-    pg = placement_group([r for _, r in bundles], strategy="PACK", name=f"posttrain-{cfg.name}")
-    ray.get(pg.ready())
-    index = {name: i for i, (name, _) in enumerate(bundles)}
+    from posttrain.topology.placement import actor_options, placement_for_run, reserve
+
+    # The plan (or, in topology.mode=manual, one PACK group with a bundle per role) decides groups and bundles.
+    spec = placement_for_run(cfg)
+    pgs = reserve(spec)
+    index = spec.actors
     cfg_dict = cfg.to_dict()
 
     def place(name: str, **extra):
-        res = bundles[index[name]][1]
-        return dict(
-            num_cpus=res["CPU"],
-            num_gpus=res.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index[name]),
-            **extra,
-        )
+        return dict(actor_options(spec, pgs, name), **extra)
 
     threads = {"env_vars": {"OMP_NUM_THREADS": str(cfg.topology.torch_threads)}}
     trainer = ray.remote(Trainer).options(**place("trainer", runtime_env=threads)).remote(cfg_dict, model_dir)
@@ -88,14 +83,14 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
     # Surface start-up errors (bad model dir, engine failure) here, before the first step.
     ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
             + ([reference.logprobs.remote([], [])] if reference is not None else []))
-    return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pg)
+    return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs)
 
 
 def destroy_roles(roles: Roles) -> None:
     import ray
-    from ray.util.placement_group import remove_placement_group
+    from posttrain.topology.placement import release
 
     for actor in [roles.trainer, roles.reward, roles.reference, *roles.rollout]:
         if actor is not None:
             ray.kill(actor)
-    remove_placement_group(roles.placement_group)
+    release(roles.placement_group if isinstance(roles.placement_group, list) else [roles.placement_group])
