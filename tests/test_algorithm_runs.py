@@ -8,13 +8,14 @@ starts in about a second; vLLM's start-up would dominate runs this short). The r
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
-STEPS, K, SEED = 20, 5, 0
+STEPS, K, SEED = 30, 5, 0
 MARGIN = 0.03  # see docs/algorithms.md for the measured rises (the smallest was well above this)
 DPO_MARGIN = 0.03
 
@@ -42,8 +43,16 @@ def ray_session():
 
 @pytest.mark.parametrize("name", bench.ONLINE)
 def test_online_algorithm_raises_training_reward(name, ray_session, warm_model_dir, tmp_path):
+    from posttrain.tracking import read_metrics
+
     row = bench.run_online(name, warm_model_dir, str(tmp_path), STEPS, SEED, "hf", K)
     assert row["reward_last_k"] > row["reward_first_k"] + MARGIN, row
+    if name == "dapo":  # dynamic sampling refilled some batch with fresh prompts, never past prompts_per_step groups
+        steps = [m for m in read_metrics(tmp_path / name) if "time/step" in m]
+        assert any(m["rollout_rounds"] > 1 for m in steps) and all(m["kept_groups"] <= 32 for m in steps)
+        ids = [sid for line in (tmp_path / name / "samples.jsonl").read_text().splitlines()
+               for sid, _, _ in json.loads(line)["samples"]]
+        assert len(ids) == len(set(ids)) > STEPS * 32 * 8  # refills add samples; none is duplicated
     if name == "ppo":  # the critic is saved with the run, beside the policy
         final = next((tmp_path / "ppo" / "checkpoints").glob("step_*"))
         assert (final / "critic" / "model.safetensors").is_file() and (final / "critic" / "critic_state.pt").is_file()

@@ -70,6 +70,20 @@ def test_dynamic_sampling_fills_to_target():
     assert fill_groups([True, True], already=4, target=4) == [False, False]
 
 
+def test_step_samples_keep_whole_groups_and_append_rounds():
+    from posttrain.rollout.samples import StepSamples
+
+    def round_of(prefix, k):
+        return StepSamples(sample_ids=[f"{prefix}{i}" for i in range(k)], prompts=[[i] for i in range(k)],
+                           completions=[[i] for i in range(k)], engine_logprobs=[[0.0]] * k,
+                           items=[("p", "", "", "")] * k, rewards=[float(i) for i in range(k)], errors=[None] * k)
+
+    s = round_of("a", 6).select_groups([True, False, True], group_size=2)
+    assert s.sample_ids == ["a0", "a1", "a4", "a5"] and s.rewards == [0.0, 1.0, 4.0, 5.0]
+    s.extend(round_of("b", 2))
+    assert len(s) == 6 and s.sample_ids[-2:] == ["b0", "b1"] and len(s.errors) == 6
+
+
 # ------------------------------------------------------------------ RLOO
 
 
