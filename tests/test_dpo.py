@@ -38,6 +38,7 @@ def test_near_miss_is_one_digit_off_and_never_the_answer():
 def test_dpo_command_without_pairs_is_a_user_error():
     from posttrain.cli import app
 
-    result = CliRunner().invoke(app, ["dpo", "train.steps=1"])
-    assert result.exit_code == 2
-    assert "dpo.pairs is not set" in result.output
+    for args in (["dpo", "train.steps=1"], ["train", "examples/addition-dpo.yaml"]):  # train dispatches dpo too
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "dpo.pairs is not set" in result.output
