@@ -3,7 +3,8 @@ a short run of each raises the reward on the built-in addition task. Online algo
 the last K steps beats the first K by MARGIN; DPO (offline, verifier-labelled pairs): held-out greedy accuracy rises.
 Real Ray (one session for the module), real trainer/reference/critic/reward actors, the transformers engine (it
 starts in about a second; vLLM's start-up would dominate runs this short). The runs are the benchmark's functions
-(benchmarks/algorithms.py), so the numbers in docs/algorithms.md come from the code tested here."""
+(benchmarks/algorithms.py), so the numbers in docs/algorithms.md come from the code tested here.
+Measured on 2 cores: 245 s for the seven tests (PPO 81 s, the others 8-34 s), plus the shared SFT fixture (~160 s)."""
 
 from __future__ import annotations
 
