@@ -63,11 +63,15 @@ def train(
     address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster instead of starting one."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ):
-    """Train a policy with GRPO (rollout on vLLM engines, roles as Ray actors)."""
+    """Train a policy with the configured algorithm (rollout on vLLM engines, roles as Ray actors; dpo: offline)."""
     from posttrain.loop import train as run_train
 
     extra = [f"ray.address={address}"] if address else []
     cfg = load_config(config, (overrides or []) + extra)
+    if cfg.algorithm.name == "dpo":  # offline: no Ray, no rollout
+        from posttrain.cli_dpo import run as run_dpo
+
+        return print_summary(run_dpo(cfg, quiet))
     summary = run_train(cfg, resume=resume, progress=not quiet)
     print_summary(summary)
 
@@ -178,6 +182,10 @@ def print_summary(summary: dict) -> None:
 from posttrain.cli_topology import register as _register_topology  # noqa: E402  (plan, cost, launch)
 
 _register_topology(app, user_errors)
+
+from posttrain.cli_dpo import dpo as _dpo  # noqa: E402  (its own module: the command is more than a few lines)
+
+app.command("dpo")(user_errors(_dpo))
 
 
 def main() -> None:  # pragma: no cover

@@ -44,14 +44,36 @@ class TaskConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["grpo"] = Field("grpo", description="The RL algorithm.")
+    name: Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "dpo"] = Field(
+        "grpo",
+        description="The algorithm; each name presets the knobs below that the config leaves unset (see "
+        "docs/algorithms.md). dpo trains offline from preference pairs (`posttrain dpo`).",
+    )
     group_size: int = Field(8, description="Completions sampled per prompt (GRPO's group).")
     prompts_per_step: int = Field(32, gt=0, description="Prompts per step; the batch is prompts_per_step*group_size samples.")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range of the importance ratio.")
     kl_coef: float = Field(0.02, ge=0, description="Weight of the k3 KL estimate to the reference; 0 = no reference.")
-    loss_agg: Literal["token", "sequence"] = Field(
-        "token", description="token: mean over all tokens of the batch; sequence: mean per sequence, then over sequences."
+    loss_agg: Literal["token", "sequence", "constant"] = Field(
+        "token", description="token: mean over all tokens of the batch; sequence: mean per sequence, then over "
+        "sequences; constant: each sequence's token sum / rollout.max_new_tokens, mean over sequences (Dr.GRPO)."
     )
+    clip_eps_high: float | None = Field(
+        None, gt=0, lt=1, description="Upper clip range of the ratio (DAPO clip-higher); None = clip_eps."
+    )
+    dynamic_sampling_rounds: int = Field(
+        0, ge=0, description="DAPO: extra rollout rounds per step that sample more prompts to refill the batch with "
+        "groups whose rewards vary (0 = no refill)."
+    )
+    overlong_buffer_fraction: float = Field(
+        0.0, ge=0, lt=1, description="DAPO overlong shaping: the last share of rollout.max_new_tokens in which the "
+        "reward falls linearly to -overlong_penalty (0 = off)."
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="DAPO: the penalty at rollout.max_new_tokens.")
+    gamma: float = Field(1.0, ge=0, le=1, description="PPO: discount per token in GAE.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="PPO: GAE lambda.")
+    value_clip: float | None = Field(0.2, gt=0, description="PPO: clip range of the value update; None = no clipping.")
+    critic_lr: float = Field(1e-3, gt=0, description="PPO: critic AdamW learning rate (constant).")
+    dpo_beta: float = Field(0.1, gt=0, description="DPO: beta, the strength of the implicit KL to the reference.")
     scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO).")
     skip_zero_variance_groups: bool = Field(True, description="Drop groups whose rewards are all equal.")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per rollout batch (>1 exercises clipping).")
@@ -65,12 +87,31 @@ class AlgorithmConfig(_Section):
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        from posttrain.algorithms.presets import apply_preset
+
+        return apply_preset(data) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmConfig":
-        if self.group_size < 2:
+        from posttrain.algorithms.presets import GROUP_ALGORITHMS
+
+        if self.group_size < 1 or (self.group_size < 2 and self.name in GROUP_ALGORITHMS):
             raise ValueError(
-                f"algorithm.group_size={self.group_size}: GRPO needs at least 2 completions per prompt to form an "
-                "advantage; set algorithm.group_size to 2 or more (8 is typical)"
+                f"algorithm.group_size={self.group_size}: {self.name} needs at least 2 completions per prompt to form "
+                "an advantage; set algorithm.group_size to 2 or more (8 is typical)"
+            )
+        if self.clip_eps_high is not None and self.clip_eps_high < self.clip_eps:
+            raise ValueError(
+                f"algorithm.clip_eps_high={self.clip_eps_high} is below algorithm.clip_eps={self.clip_eps}; "
+                "clip-higher widens the upper range only (DAPO uses 0.28 with 0.2)"
+            )
+        if self.dynamic_sampling_rounds and self.name not in GROUP_ALGORITHMS:
+            raise ValueError(
+                f"algorithm.dynamic_sampling_rounds={self.dynamic_sampling_rounds}: dynamic sampling keeps groups "
+                f"with reward variance, which {self.name} does not use; set it to 0"
             )
         total = self.prompts_per_step * self.group_size
         if total % self.minibatches:
@@ -104,6 +145,7 @@ class TopologyConfig(_Section):
     trainer_cpus: float = Field(1.0, gt=0, description="Logical CPUs reserved for the trainer.")
     reference_cpus: float = Field(0.25, gt=0, description="Logical CPUs reserved for the reference model.")
     reward_cpus: float = Field(0.25, gt=0, description="Logical CPUs reserved for the reward worker.")
+    critic_cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved for PPO's critic (value model).")
     rollout_gpus: float = Field(0.0, ge=0, description="GPUs per rollout worker (fractions colocate).")
     trainer_gpus: float = Field(0.0, ge=0, description="GPUs for the trainer.")
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads for the trainer and reference.")
@@ -184,6 +226,13 @@ class SFTConfig(_Section):
     out: str = Field("runs/demo/sft-model", description="Where the warm-started model directory is written.")
 
 
+class DPOConfig(_Section):
+    """Offline DPO (`posttrain dpo`): steps are train.steps, learning rate algorithm.lr, beta algorithm.dpo_beta."""
+
+    pairs: str | None = Field(None, description="jsonl of {prompt, chosen, rejected} rows (strings) to train on.")
+    batch_size: int = Field(32, gt=0, description="Preference pairs per optimizer step.")
+
+
 class RunConfig(_Section):
     name: str = Field("demo", description="Run name: outputs go to <runs_dir>/<name>/.")
     runs_dir: str = Field("runs", description="Parent directory of run directories.")
@@ -200,6 +249,7 @@ class RunConfig(_Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
 
     @property
     def run_dir(self) -> Path:

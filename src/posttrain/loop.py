@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms.grpo import group_advantages, nonzero_variance_groups
+from posttrain.algorithms.advantages import compute_advantages, shape_rewards, uses_groups
+from posttrain.algorithms.dapo import fill_groups
+from posttrain.algorithms.grpo import nonzero_variance_groups
 from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import PromptEncoder, check_model_dir, load_tokenizer
@@ -20,6 +22,7 @@ from posttrain.progress import StepProgress
 from posttrain.rewards.verifier import score_one
 from posttrain.rollout.engine import SamplingSpec
 from posttrain.rollout.sampler import Cursor, PromptSampler, sample_seed
+from posttrain.rollout.samples import StepSamples
 from posttrain.tasks import Problem, load_task
 from posttrain.tracking import MetricsWriter, open_run_log
 from posttrain.training import checkpoint as ckpt
@@ -91,8 +94,57 @@ def sync_weights(roles) -> None:
 # ---------------------------------------------------------------------------------------------- one step
 
 
+def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, problems: list[Problem],
+                      first_index: int, times: dict) -> StepSamples:
+    """Samples group_size completions for each problem and scores them; `first_index` numbers the problems within
+    the step (for their sampling seeds) when a step rolls out more than once. Adds to times["generate"/"reward"]."""
+    import ray
+
+    n = cfg.algorithm.group_size
+    prompts = [encoder.encode(p.prompt) for p in problems]
+    seeds = [sample_seed(cfg.seed, step, first_index + i) for i in range(len(problems))]
+    spec = SamplingSpec(n=n, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                        top_p=cfg.rollout.top_p)
+    t = time.perf_counter()
+    groups = generate_on_workers(roles.rollout, prompts, spec, seeds)
+    times["generate"] += time.perf_counter() - t
+
+    # Flatten group by group; a sample's id is (step, prompt_id, sample_index).
+    out = StepSamples()
+    for p, ids, comps in zip(problems, prompts, groups):
+        if len(comps) != n:
+            raise RuntimeError(f"engine returned {len(comps)} completions for {p.id}, expected {n}")
+        for j, c in enumerate(comps):
+            out.sample_ids.append(f"{step}/{p.id}/{j}")
+            out.prompts.append(ids)
+            out.completions.append(list(c.token_ids))
+            out.engine_logprobs.append(list(c.logprobs))
+            out.items.append((p.id, p.prompt, p.answer, encoder.decode_completion(c.token_ids)))
+
+    t = time.perf_counter()
+    scored = ray.get(roles.reward.score.remote(out.items))
+    times["reward"] += time.perf_counter() - t
+    out.rewards = [r for r, _ in scored]
+    out.errors = [err for _, err in scored]
+    return out
+
+
+def shaped_rewards(cfg: RunConfig, samples: StepSamples) -> torch.Tensor:
+    lengths = torch.tensor([len(c) for c in samples.completions])
+    return shape_rewards(cfg.algorithm, torch.tensor(samples.rewards, dtype=torch.float32), lengths,
+                         cfg.rollout.max_new_tokens)
+
+
+def signal_groups(cfg: RunConfig, samples: StepSamples) -> list[bool]:
+    """Per group: does it carry a learning signal? Always True for algorithms without groups (PPO, REINFORCE++)."""
+    a = cfg.algorithm
+    if not (uses_groups(a) and a.skip_zero_variance_groups):
+        return [True] * (len(samples) // a.group_size)
+    return nonzero_variance_groups(shaped_rewards(cfg, samples), a.group_size).tolist()
+
+
 def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: PromptEncoder) -> tuple[dict, dict]:
-    """One GRPO step; returns its metrics (including where its wall time went) and its samples
+    """One RL step; returns its metrics (including where its wall time went) and its samples
     (id, completion text, reward) for runs/<name>/samples.jsonl."""
     import ray
 
@@ -101,68 +153,57 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
     times = dict.fromkeys(TIME_KEYS, 0.0)
     t_start = time.perf_counter()
 
-    problems = sampler.next_batch(a.prompts_per_step)
-    prompts = [encoder.encode(p.prompt) for p in problems]
-    seeds = [sample_seed(cfg.seed, step, i) for i in range(len(problems))]
-    spec = SamplingSpec(n=n, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                        top_p=cfg.rollout.top_p)
-    t = time.perf_counter()
-    groups = generate_on_workers(roles.rollout, prompts, spec, seeds)
-    times["generate"] = time.perf_counter() - t
-
-    # Flatten group by group; a sample's id is (step, prompt_id, sample_index).
-    sample_ids, s_prompts, s_completions, s_engine_lp, items = [], [], [], [], []
-    for p, ids, comps in zip(problems, prompts, groups):
-        if len(comps) != n:
-            raise RuntimeError(f"engine returned {len(comps)} completions for {p.id}, expected {n}")
-        for j, c in enumerate(comps):
-            sample_ids.append(f"{step}/{p.id}/{j}")
-            s_prompts.append(ids)
-            s_completions.append(list(c.token_ids))
-            s_engine_lp.append(list(c.logprobs))
-            items.append((p.id, p.prompt, p.answer, encoder.decode_completion(c.token_ids)))
-
-    t = time.perf_counter()
-    scored = ray.get(roles.reward.score.remote(items))
-    times["reward"] = time.perf_counter() - t
-    rewards = torch.tensor([r for r, _ in scored], dtype=torch.float32)
-    failures = sum(err is not None for _, err in scored)
-
-    advantages = group_advantages(rewards, n, scale=a.scale_rewards)
-    keep_groups = nonzero_variance_groups(rewards, n) if a.skip_zero_variance_groups else torch.ones(len(problems), dtype=torch.bool)
-    keep = keep_groups.repeat_interleave(n).tolist()
-    kept = [i for i, k in enumerate(keep) if k]
+    generated = rollout_and_score(cfg, step, roles, encoder, sampler.next_batch(a.prompts_per_step), 0, times)
+    signal = signal_groups(cfg, generated)
+    train_set = generated.select_groups(signal, n)
+    rounds = 1
+    # DAPO dynamic sampling: sample more prompts until the batch holds prompts_per_step groups with reward variance.
+    while len(train_set) < a.prompts_per_step * n and rounds <= a.dynamic_sampling_rounds:
+        missing = a.prompts_per_step - len(train_set) // n
+        extra = rollout_and_score(cfg, step, roles, encoder, sampler.next_batch(missing), len(generated) // n, times)
+        generated.extend(extra)
+        train_set.extend(extra.select_groups(fill_groups(signal_groups(cfg, extra), len(train_set) // n,
+                                                         a.prompts_per_step), n))
+        rounds += 1
+    rewards = torch.tensor(generated.rewards, dtype=torch.float32)
+    failures = sum(err is not None for err in generated.errors)
 
     train_metrics: dict = {}
-    if kept:
-        k_prompts = [s_prompts[i] for i in kept]
-        k_comps = [s_completions[i] for i in kept]
+    if len(train_set):
+        k_prompts, k_comps = train_set.prompts, train_set.completions
         ref_lp = None
         if roles.reference is not None:
             t = time.perf_counter()
             ref_lp = ray.get(roles.reference.logprobs.remote(k_prompts, k_comps))
             times["reference"] = time.perf_counter() - t
+        adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
         batch = TrainBatch(
-            prompts=k_prompts, completions=k_comps, advantages=[float(advantages[i]) for i in kept],
-            engine_logprobs=[s_engine_lp[i] for i in kept], ref_logprobs=ref_lp,
-            sample_ids=[sample_ids[i] for i in kept], step=step,
+            prompts=k_prompts, completions=k_comps, advantages=adv, engine_logprobs=train_set.engine_logprobs,
+            ref_logprobs=ref_lp, sample_ids=train_set.sample_ids, step=step,
         )
         t = time.perf_counter()
-        train_metrics = ray.get(roles.trainer.train_step.remote(batch))
+        refs = [roles.trainer.train_step.remote(batch)]
+        if roles.critic is not None:
+            refs.append(roles.critic.train_step.remote(k_prompts, k_comps, token_stats.pop("returns"),
+                                                       token_stats.pop("values")))
+        for part in ray.get(refs):
+            train_metrics.update(part)
+        train_metrics.update(token_stats)
         times["train"] = time.perf_counter() - t
         t = time.perf_counter()
         sync_weights(roles)
         times["sync"] = time.perf_counter() - t
 
     total = time.perf_counter() - t_start
-    gen_tokens = sum(len(c) for c in s_completions)
+    gen_tokens = sum(len(c) for c in generated.completions)
     record = {
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         "accuracy": float((rewards >= 1.0).float().mean()),
-        "response_length": gen_tokens / len(s_completions),
-        "kept_groups": int(keep_groups.sum()),
+        "response_length": gen_tokens / len(generated),
+        "kept_groups": len(train_set) // n,
+        "rollout_rounds": rounds,
         "reward_failures": failures,
         "tokens_per_s": gen_tokens / max(times["generate"], 1e-9),
         "kl": train_metrics.get("kl", 0.0),
@@ -174,12 +215,45 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         "logprob_gap_mean": train_metrics.get("logprob_gap_mean"),
         "logprob_gap_max": train_metrics.get("logprob_gap_max"),
     }
-    samples = {"step": step + 1, "samples": [[sid, it[3], float(r)] for sid, it, r in zip(sample_ids, items, rewards)]}
+    for key in ("value_loss", "value_clip_fraction", "shaped_reward_mean"):
+        if key in train_metrics:
+            record[key] = train_metrics[key]
+    samples = {"step": step + 1,
+               "samples": [[sid, it[3], float(r)] for sid, it, r in zip(generated.sample_ids, generated.items, rewards)]}
     for k in TIME_KEYS:
         record[f"time/{k}"] = times[k]
     record["time/other"] = max(0.0, total - sum(times.values()))
     record["time/step"] = total
     return record, samples
+
+
+def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp) -> tuple[list, dict]:
+    """Advantages for the training samples through algorithms.advantages, one per sample or one per token, and the
+    extra per-step numbers: the KL when it is part of the reward, PPO's critic values and returns."""
+    import ray
+
+    from posttrain.training.trainer import pad_rows
+
+    a = cfg.algorithm
+    rewards = shaped_rewards(cfg, batch)
+    stats: dict = {"shaped_reward_mean": float(rewards.mean())}
+    if uses_groups(a):
+        return compute_advantages(a, rewards).advantages.tolist(), stats
+    lengths = [len(c) for c in batch.completions]
+    T = max(1, max(lengths))
+    mask = pad_rows([[1.0] * k for k in lengths], T)
+    logprobs = pad_rows(batch.engine_logprobs, T)  # pi_old for the KL in the reward (gap to the trainer's: ~1e-7)
+    ref = pad_rows(ref_lp, T) if ref_lp is not None else None
+    values = None
+    if roles.critic is not None:
+        stats["values"] = ray.get(roles.critic.values.remote(batch.prompts, batch.completions))
+        values = pad_rows(stats["values"], T)
+    out = compute_advantages(a, rewards, mask=mask, logprobs=logprobs, ref_logprobs=ref, values=values)
+    if ref is not None:
+        stats["kl"] = float(((logprobs - ref) * mask).sum() / mask.sum())
+    if out.returns is not None:
+        stats["returns"] = [out.returns[i, :k].tolist() for i, k in enumerate(lengths)]
+    return [out.advantages[i, :k].tolist() for i, k in enumerate(lengths)], stats
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -212,7 +286,7 @@ def save_checkpoint(cfg: RunConfig, roles, state: RunState) -> Path:
 
     root = cfg.run_dir / "checkpoints"
     tmp = ckpt.begin_checkpoint(root, state.step)
-    ray.get(roles.trainer.save.remote(str(tmp)))
+    ray.get([roles.trainer.save.remote(str(tmp))] + ([roles.critic.save.remote(str(tmp))] if roles.critic else []))
     (tmp / "state.json").write_text(json.dumps(state.to_json(cfg.fingerprint()), indent=1))
     final = ckpt.finalize_checkpoint(tmp, state.step)
     ckpt.prune_checkpoints(root, cfg.checkpoint.keep_last)
@@ -236,12 +310,16 @@ def load_resume_state(cfg: RunConfig, warn) -> tuple[Path, RunState]:
 
 
 def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dict:
-    """Runs (or resumes) a GRPO run and returns its summary (also written to runs/<name>/summary.json)."""
+    """Runs (or resumes) an online RL run (algorithm.name: grpo, dr_grpo, dapo, rloo, reinforce_pp, ppo) and returns its
+    summary (also written to runs/<name>/summary.json)."""
     import ray
 
     from posttrain.orchestration.roles import create_roles, destroy_roles, needed_cpus
     from posttrain.orchestration.runtime import start_ray, stop_ray
 
+    if cfg.algorithm.name == "dpo":
+        raise PosttrainError("algorithm.name=dpo trains offline from preference pairs, not in the RL loop",
+                             hint="run `posttrain dpo cfg.yaml` (or `posttrain train` with the same config)")
     wall0 = time.perf_counter()
     task = load_task(cfg.task, cfg.seed)
     check_model_dir(cfg.model.path)
@@ -254,7 +332,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             hint="raise rollout.vllm.max_model_len or shorten the prompts",
         )
     run_dir = prepare_run_dir(cfg, resume)
-    bar = StepProgress("grpo", cfg.train.steps, enabled=progress and cfg.logging.progress,
+    bar = StepProgress(cfg.algorithm.name, cfg.train.steps, enabled=progress and cfg.logging.progress,
                        fields=("reward", "acc", "tok/s"))
     state = RunState()
     resume_path = None
@@ -276,7 +354,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     try:
         roles = create_roles(cfg, cfg.model.path)
         if resume_path is not None:
-            ray.get(roles.trainer.load.remote(str(resume_path)))
+            ray.get([roles.trainer.load.remote(str(resume_path))]
+                    + ([roles.critic.load.remote(str(resume_path))] if roles.critic else []))
             sync_weights(roles)
         if state.step == 0 and not state.eval_history:
             acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens)

@@ -13,9 +13,19 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Literal["token", "sequence"]) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, how: Literal["token", "sequence", "constant"],
+    constant: float | None = None,
+) -> torch.Tensor:
     """token: one mean over every unmasked token of the batch (long answers weigh more);
-    sequence: mean within each sequence, then over sequences (each sample weighs the same)."""
+    sequence: mean within each sequence, then over sequences (each sample weighs the same);
+    constant: each sequence's sum divided by `constant` tokens, then mean over sequences (Dr.GRPO)."""
+    if how == "constant":
+        from posttrain.algorithms.dr_grpo import constant_normalized_sum
+
+        if constant is None:
+            raise ValueError("constant aggregation needs the normalising constant (tokens)")
+        return constant_normalized_sum(per_token, mask, constant)
     mask = mask.to(per_token.dtype)
     if how == "token":
         return masked_mean(per_token, mask)

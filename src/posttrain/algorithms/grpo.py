@@ -52,7 +52,8 @@ def clipped_policy_loss(
     clip_eps_high: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-    agg: Literal["token", "sequence"] = "token",
+    agg: Literal["token", "sequence", "constant"] = "token",
+    agg_constant: float | None = None,
 ) -> PolicyLossOutput:
     """PPO-style clipped surrogate per token plus kl_coef * k3(pi, ref), aggregated over unmasked tokens.
 
@@ -65,11 +66,11 @@ def clipped_policy_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + hi) * adv
     per_token = -torch.minimum(unclipped, clipped)
-    policy_loss = aggregate(per_token, mask, agg)
+    policy_loss = aggregate(per_token, mask, agg, agg_constant)
     loss = policy_loss
     if ref_logprobs is not None and kl_coef > 0:
         kl_tok = kl_k3(logprobs, ref_logprobs)
-        loss = loss + kl_coef * aggregate(kl_tok, mask, agg)
+        loss = loss + kl_coef * aggregate(kl_tok, mask, agg, agg_constant)
         kl = masked_mean(kl_tok.detach(), mask)
     else:
         kl = torch.zeros((), dtype=logprobs.dtype)

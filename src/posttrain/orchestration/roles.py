@@ -17,6 +17,7 @@ class Roles:
     reward: Any
     reference: Any | None
     placement_group: Any  # the list of placement groups the placement spec reserved
+    critic: Any | None = None  # PPO's value model
 
 
 def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
@@ -29,6 +30,8 @@ def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
     bundles = [("trainer", res(t.trainer_cpus, t.trainer_gpus))]
     if cfg.algorithm.kl_coef > 0:
         bundles.append(("reference", res(t.reference_cpus)))
+    if cfg.algorithm.name == "ppo":
+        bundles.append(("critic", res(t.critic_cpus)))
     bundles.append(("reward", res(t.reward_cpus)))
     bundles += [(f"rollout{i}", res(t.rollout_cpus, t.rollout_gpus)) for i in range(cfg.rollout.num_workers)]
     return bundles
@@ -64,6 +67,11 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
         reference = ray.remote(ReferenceModel).options(**place("reference", runtime_env=threads)).remote(
             cfg_dict, model_dir
         )
+    critic = None
+    if "critic" in index:
+        from posttrain.training.critic import Critic
+
+        critic = ray.remote(Critic).options(**place("critic", runtime_env=threads)).remote(cfg_dict, model_dir)
     reward = ray.remote(RewardWorker).options(**place("reward", max_restarts=3, max_task_retries=3)).remote(cfg_dict)
     v = cfg.rollout.vllm
     engine_kwargs = dict(
@@ -82,15 +90,17 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
     ]
     # Surface start-up errors (bad model dir, engine failure) here, before the first step.
     ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
-            + ([reference.logprobs.remote([], [])] if reference is not None else []))
-    return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs)
+            + ([reference.logprobs.remote([], [])] if reference is not None else [])
+            + ([critic.ping.remote()] if critic is not None else []))
+    return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs,
+                 critic=critic)
 
 
 def destroy_roles(roles: Roles) -> None:
     import ray
     from posttrain.topology.placement import release
 
-    for actor in [roles.trainer, roles.reward, roles.reference, *roles.rollout]:
+    for actor in [roles.trainer, roles.reward, roles.reference, roles.critic, *roles.rollout]:
         if actor is not None:
             ray.kill(actor)
     release(roles.placement_group if isinstance(roles.placement_group, list) else [roles.placement_group])

@@ -11,18 +11,23 @@ from posttrain.errors import PosttrainError
 from posttrain.tasks.base import Problem, exact_match
 
 
+def jsonl_rows(p: Path):
+    """(line number, parsed row) for each non-blank line; a line that is not JSON is an error naming it."""
+    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PosttrainError(f"{p}, line {lineno}: not valid JSON ({e.msg})") from None
+
+
 def read_jsonl_problems(path: str | Path) -> list[Problem]:
     p = Path(path)
     if not p.is_file():
         raise PosttrainError(f"task.path: dataset file {p} does not exist")
     problems: list[Problem] = []
-    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PosttrainError(f"{p}, line {lineno}: not valid JSON ({e.msg})") from None
+    for lineno, row in jsonl_rows(p):
         if not isinstance(row, dict):
             raise PosttrainError(f"{p}, line {lineno}: each row must be a JSON object with 'prompt' and 'answer'")
         missing = [k for k in ("prompt", "answer") if not isinstance(row.get(k), str)]

@@ -43,13 +43,18 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
 def completion_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
     """Logits that predict each completion token: [B, T, V]. Position start+j-1 predicts completion token j."""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits
-    T = batch.targets.shape[1]
-    idx = (batch.starts.unsqueeze(1) - 1 + torch.arange(T).unsqueeze(0)).clamp(max=logits.shape[1] - 1)
-    picked = logits.gather(1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    picked = at_completion_positions(out.logits, batch)
     if temperature > 0 and temperature != 1.0:
         picked = picked / temperature
     return picked
+
+
+def at_completion_positions(per_position: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """[B, L, D] outputs over prompt+completion -> [B, T, D] at the positions that predict each completion token
+    (start+j-1 for token j): the logits of the token, or the value of the state before it."""
+    T = batch.targets.shape[1]
+    idx = (batch.starts.unsqueeze(1) - 1 + torch.arange(T).unsqueeze(0)).clamp(max=per_position.shape[1] - 1)
+    return per_position.gather(1, idx.unsqueeze(-1).expand(-1, -1, per_position.shape[-1]))
 
 
 def completion_logprobs(model, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = False):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from posttrain.algorithms.advantages import kl_in_reward
 from posttrain.algorithms.grpo import clipped_policy_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import load_causal_lm
@@ -25,7 +26,7 @@ class TrainBatch:
 
     prompts: list[list[int]]
     completions: list[list[int]]
-    advantages: list[float]
+    advantages: list[float] | list[list[float]]  # one per sample, or one per completion token (PPO, REINFORCE++)
     engine_logprobs: list[list[float]]
     ref_logprobs: list[list[float]] | None = None
     sample_ids: list[str] = field(default_factory=list)
@@ -71,8 +72,10 @@ class Trainer:
         packed = pack(batch.prompts, batch.completions, self.pad_id)
         mask = packed.completion_mask
         T = mask.shape[1]
-        advantages = torch.tensor(batch.advantages, dtype=torch.float32)
-        ref = pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None else None
+        advantages = _advantage_tensor(batch.advantages, T)
+        # PPO and REINFORCE++ put the KL into the reward (the loop did); the others add a k3 term to the loss.
+        kl_loss_coef = 0.0 if kl_in_reward(a) else a.kl_coef
+        ref = pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None and kl_loss_coef > 0 else None
         engine_lp = pad_rows(batch.engine_logprobs, T)
 
         lr = learning_rate(batch.step, self.cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
@@ -98,9 +101,11 @@ class Trainer:
                     advantages[idx],
                     sub.completion_mask,
                     clip_eps=a.clip_eps,
+                    clip_eps_high=a.clip_eps_high,
                     ref_logprobs=ref[idx] if ref is not None else None,
-                    kl_coef=a.kl_coef,
+                    kl_coef=kl_loss_coef,
                     agg=a.loss_agg,
+                    agg_constant=self.cfg.rollout.max_new_tokens,
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
@@ -165,6 +170,13 @@ class Trainer:
         import os
 
         return os.getpid()
+
+
+def _advantage_tensor(advantages, width: int) -> torch.Tensor:
+    """[B] from one advantage per sample, [B, width] from one per completion token."""
+    if advantages and isinstance(advantages[0], (list, tuple)):
+        return pad_rows(advantages, width)
+    return torch.tensor(advantages, dtype=torch.float32)
 
 
 def _select(packed: PackedBatch, idx: torch.Tensor) -> PackedBatch:

@@ -1,0 +1,29 @@
+"""One step's samples as parallel lists (group by group, `group_size` samples per prompt), with the two operations
+the loop needs: keep whole groups, and append the groups of a further rollout round (DAPO's dynamic sampling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class StepSamples:
+    sample_ids: list[str] = field(default_factory=list)          # step/prompt_id/sample_index
+    prompts: list[list[int]] = field(default_factory=list)       # prompt token ids, repeated per sample
+    completions: list[list[int]] = field(default_factory=list)   # completion token ids (EOS included when emitted)
+    engine_logprobs: list[list[float]] = field(default_factory=list)
+    items: list[tuple] = field(default_factory=list)             # (problem_id, prompt, answer, completion text)
+    rewards: list[float] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)       # why scoring failed, per sample (None = scored)
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def extend(self, other: "StepSamples") -> None:
+        for f in fields(self):
+            getattr(self, f.name).extend(getattr(other, f.name))
+
+    def select_groups(self, keep: list[bool], group_size: int) -> "StepSamples":
+        """The samples of the groups whose flag is True, in order."""
+        idx = [i for g, k in enumerate(keep) if k for i in range(g * group_size, (g + 1) * group_size)]
+        return StepSamples(**{f.name: [getattr(self, f.name)[i] for i in idx] for f in fields(self)})

@@ -1,0 +1,176 @@
+"""Offline DPO from preference pairs, in-process (no Ray, no rollout): the reference's sequence logprobs are
+computed once before training, then each step takes a batch of pairs through the policy and the DPO loss
+(algorithms/dpo.py). Logs rewards/chosen, rewards/rejected, margins and accuracy of the implicit reward per step to
+runs/<name>/metrics.jsonl, greedy held-out score of the task before and after, and writes the policy as an HF
+directory. `DPOImplicitReward` scores (prompt, completion) texts with beta * (log pi - log pi_ref), so a DPO policy
+can serve as a reward model.
+
+    posttrain dpo cfg.yaml dpo.pairs=pairs.jsonl        # or: posttrain train cfg.yaml algorithm.name=dpo ...
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from posttrain.algorithms.dpo import dpo_loss, implicit_reward
+from posttrain.config import RunConfig
+from posttrain.errors import PosttrainError
+from posttrain.models.loading import PromptEncoder, load_causal_lm
+from posttrain.tasks.jsonl import jsonl_rows
+from posttrain.training.batch import completion_logprobs, pack
+
+REF_CHUNK = 256  # pairs per no-grad reference forward
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+def read_pairs(path: str | Path, field: str = "dpo.pairs") -> list[PreferencePair]:
+    """Rows {"prompt", "chosen", "rejected"} (strings) of a jsonl file; errors name the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise PosttrainError(f"{field}: preference file {p} does not exist", hint="point it at a .jsonl of pairs")
+    pairs = []
+    for lineno, row in jsonl_rows(p):
+        missing = [k for k in ("prompt", "chosen", "rejected") if not isinstance(row, dict) or not isinstance(row.get(k), str)]
+        if missing:
+            raise PosttrainError(f"{p}, line {lineno}: missing or non-string field(s) {', '.join(missing)}",
+                                 hint="each row needs string fields 'prompt', 'chosen' and 'rejected'")
+        pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"]))
+    if not pairs:
+        raise PosttrainError(f"{p}: no preference pairs", hint='add rows of {"prompt", "chosen", "rejected"}')
+    return pairs
+
+
+def write_pairs(pairs: list[PreferencePair], path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("".join(json.dumps(vars(x)) + "\n" for x in pairs))
+    return p
+
+
+def near_miss(answer: str, rng: random.Random) -> str:
+    """A wrong answer one digit away from `answer` (a plausible mistake, never the answer itself)."""
+    i = rng.randrange(len(answer))
+    digit = rng.choice([d for d in "0123456789" if d != answer[i] and not (i == 0 and d == "0" and len(answer) > 1)])
+    return answer[:i] + digit + answer[i + 1:]
+
+
+def pairs_from_task(problems, n: int, seed: int) -> list[PreferencePair]:
+    """Verifier-labelled pairs from a task with numeric answers: chosen = the answer, rejected = a near miss."""
+    rng = random.Random(f"{seed}/dpo-pairs")
+    return [PreferencePair(p.prompt, p.answer, near_miss(p.answer, rng)) for p in problems[:n]]
+
+
+def encode_completion(encoder: PromptEncoder, text: str) -> list[int]:
+    """Completion text -> token ids with EOS appended (a finished answer, as the engines return it)."""
+    return list(encoder.tokenizer(text, add_special_tokens=False)["input_ids"]) + [encoder.tokenizer.eos_token_id]
+
+
+def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> torch.Tensor:
+    """log pi(completion | prompt) summed over completion tokens, one per row: [B]."""
+    return completion_logprobs(model, pack(prompts, completions, pad_id)).sum(-1)
+
+
+class DPOImplicitReward:
+    """beta * (log pi(y|x) - log pi_ref(y|x)) as a reward-model score for (prompt, completion) texts."""
+
+    def __init__(self, policy_dir: str, reference_dir: str, beta: float, chat_template: str = "auto"):
+        self.policy, tok = load_causal_lm(policy_dir, field="dpo policy")
+        self.reference, _ = load_causal_lm(reference_dir, field="dpo reference")
+        self.encoder = PromptEncoder(tok, chat_template)
+        self.beta = beta
+
+    @torch.no_grad()
+    def score(self, prompts: list[str], completions: list[str]) -> list[float]:
+        if not prompts:
+            return []
+        p = [self.encoder.encode(x) for x in prompts]
+        c = [encode_completion(self.encoder, y) for y in completions]
+        pad = self.encoder.tokenizer.pad_token_id
+        return implicit_reward(sequence_logprobs(self.policy, p, c, pad), sequence_logprobs(self.reference, p, c, pad),
+                               self.beta).tolist()
+
+
+def run_dpo(cfg: RunConfig, out_dir: str | Path | None = None, log=print) -> dict:
+    """Trains cfg.model.path with DPO on cfg.dpo.pairs for train.steps steps; returns (and writes) the summary."""
+    from posttrain.evals.heldout import greedy_accuracy
+    from posttrain.tasks import load_task
+    from posttrain.tracking import MetricsWriter
+    from posttrain.training.sft import batch_indices, save_model_dir
+    from posttrain.training.trainer import learning_rate
+
+    if not cfg.dpo.pairs:
+        raise PosttrainError("dpo.pairs is not set", hint="set dpo.pairs to a .jsonl of {prompt, chosen, rejected}")
+    pairs = read_pairs(cfg.dpo.pairs)
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.topology.torch_threads)
+    torch.manual_seed(cfg.seed)
+    a = cfg.algorithm
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        policy, tok = load_causal_lm(cfg.model.path)
+        encoder = PromptEncoder(tok, cfg.model.chat_template)
+        pad = tok.pad_token_id
+        prompts = [encoder.encode(x.prompt) for x in pairs]
+        chosen = [encode_completion(encoder, x.chosen) for x in pairs]
+        rejected = [encode_completion(encoder, x.rejected) for x in pairs]
+        reference, _ = load_causal_lm(cfg.model.path, field="dpo reference (model.path)")
+        with torch.no_grad():  # the reference is frozen: its logprobs are computed once, then it is dropped
+            ref_c = torch.cat([sequence_logprobs(reference, prompts[i:i + REF_CHUNK], chosen[i:i + REF_CHUNK], pad)
+                               for i in range(0, len(pairs), REF_CHUNK)])
+            ref_r = torch.cat([sequence_logprobs(reference, prompts[i:i + REF_CHUNK], rejected[i:i + REF_CHUNK], pad)
+                               for i in range(0, len(pairs), REF_CHUNK)])
+        del reference
+        task = load_task(cfg.task, cfg.seed)
+        before, _ = greedy_accuracy(policy, encoder, task, task.heldout, cfg.eval.max_new_tokens)
+        log(f"dpo: {len(pairs)} pairs, held-out score before {before:.3f}")
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+        batches = batch_indices(len(pairs), cfg.dpo.batch_size, torch.Generator().manual_seed(cfg.seed))
+        writer = MetricsWriter(run_dir)
+        policy.train()
+        step_times = []
+        for step in range(cfg.train.steps):
+            ts = time.perf_counter()
+            idx = next(batches).tolist()
+            for g in optimizer.param_groups:
+                g["lr"] = learning_rate(step, cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
+            # chosen and rejected through the policy in one forward: rows [0, B) chosen, [B, 2B) rejected
+            lp = sequence_logprobs(policy, [prompts[i] for i in idx] * 2,
+                                   [chosen[i] for i in idx] + [rejected[i] for i in idx], pad)
+            out = dpo_loss(lp[: len(idx)], lp[len(idx):], ref_c[idx], ref_r[idx], a.dpo_beta)
+            optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
+            optimizer.step()
+            step_times.append(time.perf_counter() - ts)
+            writer.write({"step": step + 1, "loss": float(out.loss.detach()), "rewards/chosen": float(out.rewards_chosen),
+                          "rewards/rejected": float(out.rewards_rejected), "rewards/margins": float(out.margin),
+                          "rewards/accuracy": float(out.accuracy), "grad_norm": float(gn), "time/step": step_times[-1]})
+        after, _ = greedy_accuracy(policy, encoder, task, task.heldout, cfg.eval.max_new_tokens)
+        writer.write({"step": cfg.train.steps, "eval/heldout_accuracy": after})
+        writer.close()
+        model_dir = save_model_dir(policy, tok, out_dir or run_dir / "model")
+    finally:
+        torch.set_num_threads(threads)
+    summary = {
+        "name": cfg.name, "algorithm": "dpo", "steps": cfg.train.steps, "pairs": len(pairs),
+        "heldout_accuracy_before": before, "heldout_accuracy_after": after,
+        "mean_step_seconds": sum(step_times) / max(len(step_times), 1), "wall_seconds": time.perf_counter() - t0,
+        "model_dir": str(model_dir),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    log(f"dpo: held-out score {before:.3f} -> {after:.3f}; model written to {model_dir}")
+    return summary
