@@ -166,6 +166,11 @@ def print_summary(summary: dict) -> None:
     console.print(table)
 
 
+from posttrain.cli_rm import rm_app  # noqa: E402 — registered after the shared helpers it imports exist
+
+app.add_typer(rm_app, name="rm")
+
+
 def main() -> None:  # pragma: no cover
     app()
 
