@@ -17,6 +17,7 @@ from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import PromptEncoder, check_model_dir, load_tokenizer
 from posttrain.progress import StepProgress
+from posttrain.rewards.scoring import component_means, score_batch
 from posttrain.rewards.verifier import score_one
 from posttrain.rollout.engine import SamplingSpec
 from posttrain.rollout.sampler import Cursor, PromptSampler, sample_seed
@@ -123,10 +124,10 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
             items.append((p.id, p.prompt, p.answer, encoder.decode_completion(c.token_ids)))
 
     t = time.perf_counter()
-    scored = ray.get(roles.reward.score.remote(items))
+    scored = score_batch(cfg, roles, items, [len(c) for c in s_completions], roles.judge)
     times["reward"] = time.perf_counter() - t
-    rewards = torch.tensor([r for r, _ in scored], dtype=torch.float32)
-    failures = sum(err is not None for _, err in scored)
+    rewards = torch.tensor(scored.rewards, dtype=torch.float32)
+    failures = scored.failures
 
     advantages = group_advantages(rewards, n, scale=a.scale_rewards)
     keep_groups = nonzero_variance_groups(rewards, n) if a.skip_zero_variance_groups else torch.ones(len(problems), dtype=torch.bool)
@@ -160,7 +161,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-        "accuracy": float((rewards >= 1.0).float().mean()),
+        "accuracy": float((torch.tensor(scored.verifier) >= 1.0).float().mean()),
         "response_length": gen_tokens / len(s_completions),
         "kept_groups": int(keep_groups.sum()),
         "reward_failures": failures,
@@ -174,6 +175,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         "logprob_gap_mean": train_metrics.get("logprob_gap_mean"),
         "logprob_gap_max": train_metrics.get("logprob_gap_max"),
     }
+    record.update(component_means(scored.components))
     samples = {"step": step + 1, "samples": [[sid, it[3], float(r)] for sid, it, r in zip(sample_ids, items, rewards)]}
     for k in TIME_KEYS:
         record[f"time/{k}"] = times[k]

@@ -16,6 +16,8 @@ class Roles:
     reward: Any
     reference: Any | None
     placement_group: Any
+    reward_model: Any | None = None  # RewardModel actor, when reward.weights has an 'rm' weight
+    judge: Any | None = None         # JudgeReward (in the driver: it only waits on HTTP), for a 'judge' weight
 
 
 def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
@@ -29,6 +31,8 @@ def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
     if cfg.algorithm.kl_coef > 0:
         bundles.append(("reference", res(t.reference_cpus)))
     bundles.append(("reward", res(t.reward_cpus)))
+    if cfg.reward.weights.get("rm"):
+        bundles.append(("reward_model", res(cfg.reward.rm_cpus)))
     bundles += [(f"rollout{i}", res(t.rollout_cpus, t.rollout_gpus)) for i in range(cfg.rollout.num_workers)]
     return bundles
 
@@ -85,17 +89,31 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
         .remote(cfg.rollout.engine, model_dir, engine_kwargs)
         for i in range(cfg.rollout.num_workers)
     ]
+    reward_model = judge = None
+    if "reward_model" in index:
+        from posttrain.rewards.reward_model import RewardModel
+
+        reward_model = ray.remote(RewardModel).options(**place("reward_model")).remote(
+            cfg.reward.rm_path, 1, cfg.model.chat_template)
+    if cfg.reward.weights.get("judge"):
+        from posttrain.rewards.judge import make_judge
+
+        judge = make_judge(cfg, cfg.run_dir)
     # Surface start-up errors (bad model dir, engine failure) here, before the first step.
     ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
-            + ([reference.logprobs.remote([], [])] if reference is not None else []))
-    return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pg)
+            + ([reference.logprobs.remote([], [])] if reference is not None else [])
+            + ([reward_model.score.remote([])] if reward_model is not None else []))
+    return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pg,
+                 reward_model=reward_model, judge=judge)
 
 
 def destroy_roles(roles: Roles) -> None:
     import ray
     from ray.util.placement_group import remove_placement_group
 
-    for actor in [roles.trainer, roles.reward, roles.reference, *roles.rollout]:
+    if roles.judge is not None:
+        roles.judge.close()
+    for actor in [roles.trainer, roles.reward, roles.reference, roles.reward_model, *roles.rollout]:
         if actor is not None:
             ray.kill(actor)
     remove_placement_group(roles.placement_group)
