@@ -30,6 +30,7 @@ class JudgeResult:
     reward: float
     error: str | None = None   # why this sample got the default reward
     cached: bool = False        # the reply came from the cache
+    reply: str | None = None    # the judge's reply text, None when the request failed
 
 
 def cache_key(prompt: str, completion: str, model: str, template: str) -> str:
@@ -156,7 +157,7 @@ class JudgeReward:
                 out.append(JudgeResult(self.default, errors.get(k, "no reply")))
             else:
                 value, err = parse_score(reply, c.score_regex, c.score_min, c.score_max)
-                out.append(JudgeResult(self.default if value is None else value, err, k in cached))
+                out.append(JudgeResult(self.default if value is None else value, err, k in cached, reply))
         self.failures += sum(r.error is not None for r in out)
         return out
 
