@@ -104,3 +104,15 @@ def test_rm_train_saves_a_model_transformers_loads(tmp_path, tiny_model_dir):
     with torch.no_grad():
         alone = scores(model, seqs[1:], enc.tokenizer.pad_token_id)
     assert float(alone[0]) == pytest.approx(float(out[1]), abs=1e-4)
+
+
+def test_rm_train_cli_bad_row_is_one_message_exit_2(tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    p = tmp_path / "prefs.jsonl"
+    p.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "rejected": "c"}\n')
+    result = CliRunner().invoke(app, ["rm", "train", f"rm.data={p}", f"rm.base={tiny_model_dir}"])
+    assert result.exit_code == 2
+    assert "prefs.jsonl line 2: missing field(s) chosen" in result.output and "Traceback" not in result.output

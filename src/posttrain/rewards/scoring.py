@@ -15,7 +15,7 @@ from posttrain.rewards.gold import gold_function
 class ScoredBatch:
     rewards: list[float]                 # the composed reward per sample
     components: dict[str, list[float]]   # source -> score per sample (includes 'gold' when logged)
-    failures: int                        # samples whose verifier scoring failed
+    failures: int                        # samples whose verifier (or judge) scoring failed
     verifier: list[float] | None         # verifier scores (for accuracy), None when not computed
 
 
@@ -30,12 +30,15 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
     if w.get("rm"):
         refs["rm"] = roles.reward_model.score.remote([(it[1], it[3]) for it in items])
     components: dict[str, list[float]] = {}
-    if w.get("judge"):
-        components["judge"] = judge.score([(it[1], it[3]) for it in items])
+    failures = 0
+    if w.get("judge"):  # HTTP from the driver while the actors score
+        judged = judge.results([(it[1], it[3]) for it in items])
+        components["judge"] = [r.reward for r in judged]
+        failures += sum(r.error is not None for r in judged)
     got = dict(zip(refs, ray.get(list(refs.values()))))
     scored = got["verifier"]
     components["verifier"] = [r for r, _ in scored]
-    failures = sum(err is not None for _, err in scored)
+    failures += sum(err is not None for _, err in scored)
     if "rm" in got:
         components["rm"] = got["rm"]
     components["length"] = length_component(completion_tokens, cfg.rollout.max_new_tokens)
