@@ -104,6 +104,13 @@ def test_rm_train_saves_a_model_transformers_loads(tmp_path, tiny_model_dir):
     with torch.no_grad():
         alone = scores(model, seqs[1:], enc.tokenizer.pad_token_id)
     assert float(alone[0]) == pytest.approx(float(out[1]), abs=1e-4)
+    # the loop's RewardModel (a plain class; Ray makes it an actor) scores texts the same way, normalized
+    from posttrain.rewards.reward_model import RewardModel
+
+    rm = RewardModel(str(tmp_path / "rm"))
+    raw = rm.raw_scores([("12+34=", "46"), ("12+34=", "xyz")])
+    assert raw == pytest.approx(out.tolist(), abs=1e-4)
+    assert rm.score([("12+34=", "46")]) == pytest.approx([(raw[0] - stats["mean"]) / stats["std"]], abs=1e-5)
 
 
 def test_rm_train_cli_bad_row_is_one_message_exit_2(tmp_path, tiny_model_dir):
