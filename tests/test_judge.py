@@ -148,3 +148,27 @@ def test_judge_timeouts_and_a_wrong_key_are_failures_per_sample(judge_server, tm
     assert denied.failures == 2 and all("401" in r.error for r in results)
     assert denied.requests == 2  # 401 is not retried
     denied.close()
+
+
+@pytest.mark.integration
+def test_judge_as_a_reward_source_in_the_loop(judge_server, tmp_path, monkeypatch, tiny_model_dir):
+    """Two GRPO steps on real Ray + vLLM rollout with the judge as the reward: reward/judge is logged every step,
+    is the reward, and the judge's replies land in the run's cache."""
+    import sqlite3
+
+    from posttrain.loop import train
+    from posttrain.tracking import read_metrics
+
+    url, _ = judge_server
+    monkeypatch.setenv("POSTTRAIN_TEST_JUDGE_KEY", KEY)
+    cfg = _judge_cfg(url, f"runs_dir={tmp_path}", "name=judged", f"model.path={tiny_model_dir}", "reward.weights={judge: 1.0}",
+                     "train.steps=2", "algorithm.prompts_per_step=4", "algorithm.group_size=4", "algorithm.kl_coef=0",
+                     "task.heldout_size=16", "eval.every=0", "checkpoint.every=0", "logging.progress=false")
+    train(cfg, progress=False)
+    steps = [m for m in read_metrics(cfg.run_dir) if "time/step" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["reward_mean"] == pytest.approx(m["reward/judge"], abs=1e-6)
+        assert m["reward/verifier"] is not None and m["reward_failures"] <= 16
+    rows = sqlite3.connect(str(cfg.run_dir / "judge-cache.sqlite")).execute("SELECT COUNT(*) FROM replies").fetchone()[0]
+    assert 1 <= rows <= 2 * 16
