@@ -187,6 +187,10 @@ from posttrain.cli_dpo import dpo as _dpo  # noqa: E402  (its own module: the co
 
 app.command("dpo")(user_errors(_dpo))
 
+from posttrain.cli_rm import rm_app  # noqa: E402 — registered after the shared helpers it imports exist
+
+app.add_typer(rm_app, name="rm")
+
 
 def main() -> None:  # pragma: no cover
     app()

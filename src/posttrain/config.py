@@ -168,10 +168,55 @@ class TopologyConfig(_Section):
     )
 
 
+class JudgeConfig(_Section):
+    """An LLM judge over an OpenAI-compatible /v1/chat/completions endpoint (RLAIF)."""
+
+    url: str | None = Field(None, description="Base URL of the endpoint, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field("judge", description="Model name sent in the request.")
+    template: str = Field(
+        "Rate the answer to the question from 0 to 10.\nQuestion: {prompt}\nAnswer: {completion}\nScore:",
+        description="User message; {prompt} and {completion} are filled in.",
+    )
+    score_regex: str = Field(r"(-?\d+(?:\.\d+)?)", description="First match's group 1 is the score.")
+    score_min: float = Field(0.0, description="Lowest valid score; scores outside [min, max] are failures.")
+    score_max: float = Field(10.0, description="Highest valid score; the reward is (score - min) / (max - min).")
+    max_tokens: int = Field(8, gt=0, description="Longest judge reply (tokens).")
+    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout (seconds).")
+    retries: int = Field(2, ge=0, description="Retries after a failed request (exponential backoff).")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay (seconds); doubles each retry.")
+    api_key_env: str | None = Field(None, description="Name of the env var holding the API key (never logged).")
+    cache: str | None = Field(None, description="sqlite cache file (default: <run dir>/judge-cache.sqlite).")
+
+
 class RewardConfig(_Section):
     """How samples are scored: sources, their weights, and what a failed score becomes."""
 
     default: float = Field(0.0, description="Reward given to a sample whose scoring failed (error, NaN, wrong type).")
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {"verifier": 1.0},
+        description="Reward = sum of weight * source over these sources: verifier, rm (normalized reward-model score), "
+        "judge (LLM judge, in [0, 1]), length (-tokens/max_new_tokens), format (1 if format_regex matches). Each "
+        "is logged as reward/<source>.",
+    )
+    rm_path: str | None = Field(None, description="Reward-model directory (`posttrain rm train` writes one) for the rm source.")
+    rm_cpus: float = Field(0.25, gt=0, description="Logical CPUs reserved for the reward-model actor.")
+    format_regex: str = Field(r"\d+", description="Regex the whole stripped completion must match for format = 1.")
+    log_gold: bool = Field(False, description="Log the task's hidden gold score (reward/gold; built-in addition only).")
+    judge: JudgeConfig = Field(default_factory=lambda: JudgeConfig())
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> "RewardConfig":
+        from posttrain.rewards.compose import SOURCES
+
+        unknown = sorted(set(self.weights) - set(SOURCES))
+        if unknown:
+            raise ValueError(f"reward.weights: unknown source(s) {unknown}; use any of {list(SOURCES)}")
+        if self.weights.get("rm") and not self.rm_path:
+            raise ValueError("reward.weights has an 'rm' weight but reward.rm_path is not set; point it at a "
+                             "reward-model directory (`posttrain rm train` writes one)")
+        if self.weights.get("judge") and not self.judge.url:
+            raise ValueError("reward.weights has a 'judge' weight but reward.judge.url is not set")
+        return self
 
 
 class TrainConfig(_Section):
@@ -233,6 +278,22 @@ class DPOConfig(_Section):
     batch_size: int = Field(32, gt=0, description="Preference pairs per optimizer step.")
 
 
+class RMConfig(_Section):
+    """Reward-model training (`posttrain rm train`) and the built-in preference pairs (`posttrain rm pairs`)."""
+
+    data: str = Field("runs/rm/pairs.jsonl", description="Preference file (.jsonl/.parquet): prompt, chosen, rejected.")
+    base: str = Field("runs/demo/sft-model", description="HF causal-LM directory the reward model starts from.")
+    out: str = Field("runs/rm/model", description="Where the reward model (an HF sequence-classification dir) goes.")
+    epochs: int = Field(2, ge=1, description="Passes over the training pairs.")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (constant).")
+    batch_size: int = Field(32, gt=0, description="Preference pairs per optimizer step.")
+    margin: float = Field(0.0, ge=0, description="Bradley-Terry margin (added to a row's own 'margin' field).")
+    center_coef: float = Field(0.0, ge=0, description="Reward-centering coefficient: weight of mean((r_c + r_r)^2).")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Share of pairs held out for accuracy and margin.")
+    pairs: int = Field(4000, gt=0, description="Built-in pairs written by `posttrain rm pairs`.")
+    label_noise: float = Field(0.1, ge=0, lt=0.5, description="Share of built-in pairs whose labels are swapped.")
+
+
 class RunConfig(_Section):
     name: str = Field("demo", description="Run name: outputs go to <runs_dir>/<name>/.")
     runs_dir: str = Field("runs", description="Parent directory of run directories.")
@@ -250,6 +311,7 @@ class RunConfig(_Section):
     ray: RayConfig = Field(default_factory=RayConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
+    rm: RMConfig = Field(default_factory=lambda: RMConfig())
 
     @property
     def run_dir(self) -> Path:

@@ -19,6 +19,7 @@ from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import PromptEncoder, check_model_dir, load_tokenizer
 from posttrain.progress import StepProgress
+from posttrain.rewards.scoring import component_means, score_batch
 from posttrain.rewards.verifier import score_one
 from posttrain.rollout.engine import SamplingSpec
 from posttrain.rollout.sampler import Cursor, PromptSampler, sample_seed
@@ -98,8 +99,6 @@ def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, 
                       first_index: int, times: dict) -> StepSamples:
     """Samples group_size completions for each problem and scores them; `first_index` numbers the problems within
     the step (for their sampling seeds) when a step rolls out more than once. Adds to times["generate"/"reward"]."""
-    import ray
-
     n = cfg.algorithm.group_size
     prompts = [encoder.encode(p.prompt) for p in problems]
     seeds = [sample_seed(cfg.seed, step, first_index + i) for i in range(len(problems))]
@@ -122,10 +121,12 @@ def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, 
             out.items.append((p.id, p.prompt, p.answer, encoder.decode_completion(c.token_ids)))
 
     t = time.perf_counter()
-    scored = ray.get(roles.reward.score.remote(out.items))
+    scored = score_batch(cfg, roles, out.items, [len(c) for c in out.completions], roles.judge)
     times["reward"] += time.perf_counter() - t
-    out.rewards = [r for r, _ in scored]
-    out.errors = [err for _, err in scored]
+    out.rewards = scored.rewards
+    out.errors = scored.errors
+    out.verifier = scored.verifier
+    out.components = [{k: v[i] for k, v in scored.components.items()} for i in range(len(out))]
     return out
 
 
@@ -200,7 +201,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-        "accuracy": float((rewards >= 1.0).float().mean()),
+        "accuracy": float((torch.tensor(generated.verifier) >= 1.0).float().mean()),
         "response_length": gen_tokens / len(generated),
         "kept_groups": len(train_set) // n,
         "rollout_rounds": rounds,
@@ -218,6 +219,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
     for key in ("value_loss", "value_clip_fraction", "shaped_reward_mean"):
         if key in train_metrics:
             record[key] = train_metrics[key]
+    record.update(component_means({k: [c[k] for c in generated.components] for k in generated.components[0]}))
     samples = {"step": step + 1,
                "samples": [[sid, it[3], float(r)] for sid, it, r in zip(generated.sample_ids, generated.items, rewards)]}
     for k in TIME_KEYS:

@@ -18,6 +18,8 @@ class Roles:
     reference: Any | None
     placement_group: Any  # the list of placement groups the placement spec reserved
     critic: Any | None = None  # PPO's value model
+    reward_model: Any | None = None  # RewardModel actor, when reward.weights has an 'rm' weight
+    judge: Any | None = None         # JudgeReward (in the driver: it only waits on HTTP), for a 'judge' weight
 
 
 def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
@@ -33,6 +35,8 @@ def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
     if cfg.algorithm.name == "ppo":
         bundles.append(("critic", res(t.critic_cpus)))
     bundles.append(("reward", res(t.reward_cpus)))
+    if cfg.reward.weights.get("rm"):
+        bundles.append(("reward_model", res(cfg.reward.rm_cpus)))
     bundles += [(f"rollout{i}", res(t.rollout_cpus, t.rollout_gpus)) for i in range(cfg.rollout.num_workers)]
     return bundles
 
@@ -88,19 +92,32 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
         .remote(cfg.rollout.engine, model_dir, engine_kwargs)
         for i in range(cfg.rollout.num_workers)
     ]
+    reward_model = judge = None
+    if "reward_model" in index:
+        from posttrain.rewards.reward_model import RewardModel
+
+        reward_model = ray.remote(RewardModel).options(**place("reward_model")).remote(
+            cfg.reward.rm_path, 1, cfg.model.chat_template)
+    if cfg.reward.weights.get("judge"):
+        from posttrain.rewards.judge import make_judge
+
+        judge = make_judge(cfg, cfg.run_dir)
     # Surface start-up errors (bad model dir, engine failure) here, before the first step.
     ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
             + ([reference.logprobs.remote([], [])] if reference is not None else [])
-            + ([critic.ping.remote()] if critic is not None else []))
+            + ([critic.ping.remote()] if critic is not None else [])
+            + ([reward_model.score.remote([])] if reward_model is not None else []))
     return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs,
-                 critic=critic)
+                 critic=critic, reward_model=reward_model, judge=judge)
 
 
 def destroy_roles(roles: Roles) -> None:
     import ray
     from posttrain.topology.placement import release
 
-    for actor in [roles.trainer, roles.reward, roles.reference, roles.critic, *roles.rollout]:
+    if roles.judge is not None:
+        roles.judge.close()
+    for actor in [roles.trainer, roles.reward, roles.reference, roles.critic, roles.reward_model, *roles.rollout]:
         if actor is not None:
             ray.kill(actor)
     release(roles.placement_group if isinstance(roles.placement_group, list) else [roles.placement_group])

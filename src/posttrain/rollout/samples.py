@@ -15,6 +15,8 @@ class StepSamples:
     items: list[tuple] = field(default_factory=list)             # (problem_id, prompt, answer, completion text)
     rewards: list[float] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)       # why scoring failed, per sample (None = scored)
+    verifier: list[float] = field(default_factory=list)          # the verifier's score (accuracy is counted on it)
+    components: list[dict] = field(default_factory=list)         # reward source -> score (logged as reward/<source>)
 
     def __len__(self) -> int:
         return len(self.sample_ids)

@@ -45,13 +45,14 @@ class PlacementSpec:
 def planner_role(actor: str) -> str:
     if actor.startswith("rollout"):
         return "rollout"
-    return {"trainer": "policy"}.get(actor, actor)
+    return {"trainer": "policy", "reward_model": "reward"}.get(actor, actor)
 
 
 def run_actors(cfg: RunConfig) -> list[str]:
-    """The loop's actors, trainer first (the same names as roles.role_bundles)."""
-    names = ["trainer"] + (["reference"] if cfg.algorithm.kl_coef > 0 else []) + ["reward"]
-    return names + [f"rollout{i}" for i in range(cfg.rollout.num_workers)]
+    """The loop's actors, trainer first (the names of roles.role_bundles)."""
+    from posttrain.orchestration.roles import role_bundles
+
+    return [name for name, _ in role_bundles(cfg)]
 
 
 def manual_placement(cfg: RunConfig) -> PlacementSpec:

@@ -1,0 +1,44 @@
+"""Composing a sample's reward from several sources with weights (pure: lists of floats in, lists out).
+
+Sources (names used in `reward.weights` and logged as `reward/<name>`):
+    verifier  the task's verifier score (rewards/verifier.py), in [0, 1]
+    rm        a reward model's score, normalized by the mean/std stored with the model
+    judge     an LLM judge's score (rewards/judge.py), mapped to [0, 1]
+    length    -(completion tokens) / rollout.max_new_tokens, in [-1, 0]
+    format    1 when the completion matches `reward.format_regex`, else 0
+"""
+
+from __future__ import annotations
+
+import re
+
+SOURCES = ("verifier", "rm", "judge", "length", "format")
+
+
+def normalize(scores: list[float], mean: float, std: float) -> list[float]:
+    """(s - mean) / std for each score: the RM's scale made comparable to the other sources."""
+    return [(s - mean) / std for s in scores]
+
+
+def length_component(num_tokens: list[int], max_new_tokens: int) -> list[float]:
+    """-(tokens) / max_new_tokens: 0 for an empty completion, -1 for one that used the whole budget."""
+    return [-n / max_new_tokens for n in num_tokens]
+
+
+def format_component(completions: list[str], pattern: str) -> list[float]:
+    """1.0 where the whole completion (stripped) matches the regex `pattern`, else 0.0."""
+    rx = re.compile(pattern)
+    return [1.0 if rx.fullmatch(c.strip()) else 0.0 for c in completions]
+
+
+def compose(components: dict[str, list[float]], weights: dict[str, float]) -> list[float]:
+    """The total reward per sample: sum over sources of weight * component. Every weighted source must be present
+    and all components must have the same length; sources without a weight are logged, not added."""
+    missing = [k for k, w in weights.items() if w and k not in components]
+    if missing:
+        raise ValueError(f"no scores for weighted reward source(s) {missing}")
+    lengths = {len(v) for v in components.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"reward components differ in length: { {k: len(v) for k, v in components.items()} }")
+    n = lengths.pop() if lengths else 0
+    return [sum(w * components[k][i] for k, w in weights.items() if w) for i in range(n)]

@@ -1,0 +1,205 @@
+"""Reward-model training: a scalar head on an HF backbone (AutoModelForSequenceClassification, num_labels=1),
+trained with the Bradley-Terry loss on preference pairs, evaluated on held-out pairs every epoch, saved as an HF
+directory with the reward mean/std beside it (posttrain_reward.json) for normalization in the loop.
+
+    posttrain rm pairs cfg.yaml            # built-in pairs labelled by the hidden gold function (addition)
+    posttrain rm train cfg.yaml            # rm.data -> rm.out
+
+Plain torch + transformers in-process (no Ray), deterministic given `seed`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from posttrain.models.loading import PromptEncoder, check_model_dir, load_tokenizer
+from posttrain.rewards.bradley_terry import bradley_terry_loss, mean_margin, pairwise_accuracy, reward_stats
+from posttrain.rewards.preferences import PreferencePair, Text, read_preferences
+
+if TYPE_CHECKING:
+    from posttrain.config import RunConfig
+
+STATS_FILE = "posttrain_reward.json"
+
+
+@dataclass
+class RMResult:
+    out_dir: str
+    heldout_accuracy: float        # share of held-out pairs ranked right after the last epoch
+    heldout_margin: float          # mean r_chosen - r_rejected on held-out pairs
+    reward_mean: float             # over the training pairs' completions (both sides), stored for normalization
+    reward_std: float
+    train_pairs: int
+    heldout_pairs: int
+    wall_seconds: float
+    history: list[dict] = field(default_factory=list)  # per epoch: loss, heldout_accuracy, heldout_margin
+
+
+# ---------------------------------------------------------------- encoding: pure given a tokenizer
+
+
+def _messages(value: Text, role: str) -> list[dict]:
+    return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
+
+
+def encode_sample(encoder: PromptEncoder, prompt: Text, completion: Text, max_len: int) -> list[int]:
+    """Token ids the reward model reads for (prompt, completion): the prompt as the policy sees it, the completion,
+    then EOS — the same ids the loop's samples have. Chat-format lists go through the tokenizer's chat template
+    (or are joined by spaces when it has none). Longer sequences keep their last max_len tokens."""
+    tok = encoder.tokenizer
+    if isinstance(prompt, str) and isinstance(completion, str):
+        ids = encoder.encode(prompt) + list(tok(completion, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
+    else:
+        msgs = _messages(prompt, "user") + _messages(completion, "assistant")
+        if encoder.use_chat:
+            text = tok.apply_chat_template(msgs, tokenize=False)
+            ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        else:
+            text = " ".join(m["content"] for m in msgs)
+            ids = list(tok(text, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
+    return ids[-max_len:]
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pads to (input_ids [N, T], attention_mask [N, T])."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def split_heldout(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train indices, held-out indices): a seeded shuffle, at least one pair on each side."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    k = min(n - 1, max(1, round(n * fraction)))
+    return sorted(order[k:]), sorted(order[:k])
+
+
+# ---------------------------------------------------------------- model I/O
+
+
+def scores(model, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Scalar reward per sequence [N]. The classifier reads the last non-pad token; sequences end in EOS."""
+    ids, mask = pad_batch(seqs, pad_id)
+    return model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+
+
+def load_backbone(path: str | Path, field: str):
+    """A sequence-classification model with a 1-output head over the causal LM (or reward model) in `path`."""
+    from transformers import AutoModelForSequenceClassification
+
+    p = check_model_dir(path, field=field)
+    tok = load_tokenizer(p)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        str(p), num_labels=1, pad_token_id=tok.pad_token_id, dtype=torch.float32
+    )
+    model.config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def load_reward_model(path: str | Path, field: str = "reward.rm_path"):
+    """(model in eval mode, tokenizer, {"mean", "std", ...}) from a directory `posttrain rm train` wrote."""
+    from posttrain.errors import PosttrainError
+
+    p = Path(path)
+    model, tok = load_backbone(p, field)
+    stats_file = p / STATS_FILE
+    if not stats_file.is_file():
+        raise PosttrainError(f"{field}: {p} has no {STATS_FILE} (reward mean/std)",
+                             hint="use a directory written by `posttrain rm train`")
+    model.eval()
+    return model, tok, json.loads(stats_file.read_text())
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _pair_scores(model, batch, pad_id):
+    r = scores(model, [c for c, _, _ in batch] + [r for _, r, _ in batch], pad_id)
+    return r[: len(batch)], r[len(batch):]
+
+
+def evaluate_pairs(model, encoded, pad_id: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r_chosen [N], r_rejected [N]) without gradients."""
+    out_c, out_r = [], []
+    with torch.no_grad():
+        for i in range(0, len(encoded), batch_size):
+            c, r = _pair_scores(model, encoded[i:i + batch_size], pad_id)
+            out_c.append(c)
+            out_r.append(r)
+    return torch.cat(out_c), torch.cat(out_r)
+
+
+def train_reward_model(cfg: "RunConfig", log: Callable[[str], None] = lambda m: None) -> RMResult:
+    """Trains on cfg.rm.data from cfg.rm.base and writes cfg.rm.out (replaced whole). Uses
+    topology.torch_threads intra-op threads (restored on return)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.topology.torch_threads)
+    try:
+        return _train(cfg, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: "RunConfig", log) -> RMResult:
+    from posttrain.training.sft import save_model_dir
+
+    t0 = time.perf_counter()
+    rm = cfg.rm
+    torch.manual_seed(cfg.seed)
+    pairs: list[PreferencePair] = read_preferences(rm.data)
+    model, tok = load_backbone(rm.base, "rm.base")
+    encoder = PromptEncoder(tok, cfg.model.chat_template)
+    max_len = int(getattr(model.config, "max_position_embeddings", 512) or 512)
+    encoded = [(encode_sample(encoder, p.prompt, p.chosen, max_len), encode_sample(encoder, p.prompt, p.rejected, max_len),
+                p.margin + rm.margin) for p in pairs]
+    train_idx, held_idx = split_heldout(len(encoded), rm.heldout_fraction, cfg.seed)
+    train_set, held_set = [encoded[i] for i in train_idx], [encoded[i] for i in held_idx]
+    pad_id = tok.pad_token_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=rm.lr, weight_decay=0.0)
+    rng = random.Random(cfg.seed)
+    history = []
+    for epoch in range(rm.epochs):
+        model.train()
+        order = list(range(len(train_set)))
+        rng.shuffle(order)
+        losses = []
+        for i in range(0, len(order), rm.batch_size):
+            batch = [train_set[j] for j in order[i:i + rm.batch_size]]
+            r_c, r_r = _pair_scores(model, batch, pad_id)
+            loss = bradley_terry_loss(r_c, r_r, torch.tensor([m for _, _, m in batch]), rm.center_coef)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            losses.append(loss.item())
+        model.eval()
+        h_c, h_r = evaluate_pairs(model, held_set, pad_id, 2 * rm.batch_size)
+        rec = {"epoch": epoch + 1, "loss": sum(losses) / len(losses), "heldout_accuracy": pairwise_accuracy(h_c, h_r),
+               "heldout_margin": mean_margin(h_c, h_r)}
+        history.append(rec)
+        log(f"epoch {rec['epoch']}: loss {rec['loss']:.4f}, held-out pairwise accuracy {rec['heldout_accuracy']:.3f}, "
+            f"mean margin {rec['heldout_margin']:.3f} ({len(held_set)} pairs)")
+    t_c, t_r = evaluate_pairs(model, train_set, pad_id, 2 * rm.batch_size)
+    mean, std = reward_stats(torch.cat([t_c, t_r]))
+    out = save_model_dir(model, tok, rm.out)
+    result = RMResult(str(out), history[-1]["heldout_accuracy"], history[-1]["heldout_margin"], mean, std,
+                      len(train_set), len(held_set), 0.0, history)
+    result.wall_seconds = time.perf_counter() - t0
+    (out / STATS_FILE).write_text(json.dumps({
+        "mean": mean, "std": std, "heldout_accuracy": result.heldout_accuracy, "heldout_margin": result.heldout_margin,
+        "train_pairs": len(train_set), "heldout_pairs": len(held_set), "history": history, "base": rm.base,
+        "data": rm.data, "seed": cfg.seed, "rm": rm.model_dump(),
+    }, indent=1) + "\n")
+    return result
