@@ -166,6 +166,12 @@ def print_summary(summary: dict) -> None:
     console.print(table)
 
 
+from posttrain.cli_eval import compare_cmd, eval_cmd  # noqa: E402  (eval commands live in their own module)
+
+app.command("eval")(user_errors(eval_cmd))
+app.command("compare")(user_errors(compare_cmd))
+
+
 def main() -> None:  # pragma: no cover
     app()
 
