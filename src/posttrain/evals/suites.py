@@ -216,9 +216,11 @@ def resolve_suite(spec: GenerationSuite | RegressionSuite | PreferenceSuite, fil
     return Suite(spec.name, "preference", samples, scorer, None, _digest([samples, spec.scorer]), str(file))
 
 
-def _field(loc: tuple) -> str:
+def _field(err: dict) -> str:
     # pydantic puts the discriminator value in the location ('generation', 'sampling', 'seed'): drop it.
-    parts = [str(p) for p in loc if p not in ("generation", "regression", "preference")]
+    if err["type"].startswith("union_tag"):
+        return "kind"
+    parts = [str(p) for p in err["loc"] if p not in ("generation", "regression", "preference")]
     return ".".join(parts) or "(suite)"
 
 
@@ -237,7 +239,7 @@ def read_suite_file(path: str | Path) -> list[Suite]:
             spec = _SUITE_ADAPTER.validate_python(raw)
         except ValidationError as e:
             err = e.errors()[0]
-            raise PosttrainError(f"{file}, suite {name}, field {_field(err['loc'])}: {err['msg']}",
+            raise PosttrainError(f"{file}, suite {name}, field {_field(err)}: {err['msg']}",
                                  hint="kind is generation, regression or preference; see docs/evals.md") from None
         suites.append(resolve_suite(spec, file))
     names = [s.name for s in suites]
