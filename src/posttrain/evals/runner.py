@@ -160,11 +160,12 @@ class ModelEvaluator:
         if path is not None and path.is_file():
             records = json.loads(path.read_text())
             return SuiteResult(suite.name, suite.kind, records, summarize(records), True, 0.0, key)
+        if suite.kind != "preference":
+            self._ensure_engine()  # outside the timing: `seconds` is generation + scoring only
         start = time.perf_counter()
         if suite.kind == "preference":
             records = preference_records(suite)
         else:
-            self._ensure_engine()
             records = generate_records(self.engine, self.encoder, suite)
         seconds = time.perf_counter() - start
         if path is not None:
