@@ -103,3 +103,17 @@ def test_bad_alarm_specs_are_user_errors():
         AlarmSpec("vibes")
     with pytest.raises(PosttrainError, match="step"):
         AlarmMonitor([]).update({"reward_mean": 1})
+
+
+def test_proxy_gold_alarm_carries_the_gold_vs_kl_fit():
+    # KL = d^2 with d = step / 2, gold = d * (2 - 0.5 d) (peak at d = 2, KL = 4, step 4); proxy rises throughout.
+    # Window 3 at step 5: gold(d=2, 2.5) = 2, 1.875 after 1.875 at d=1.5 -> slope (1.875-1.875)/2 = 0 -> fires;
+    # the fit over steps 0..5 recovers alpha = 2, beta = 0.5 exactly, so peak_kl = 4.
+    mon = AlarmMonitor([AlarmSpec("proxy_gold", window=3)])
+    fired = []
+    for s in range(8):
+        d = s / 2
+        fired += mon.update({"step": s, "reward_mean": s, "kl": d * d, "eval/gold": d * (2 - 0.5 * d)})
+    first = fired[0]
+    assert first.step == 5
+    assert first.evidence["peak_kl"] == pytest.approx(4.0) and first.evidence["kl_now"] == pytest.approx(6.25)

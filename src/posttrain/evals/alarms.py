@@ -145,7 +145,7 @@ class AlarmSpec:
 
 # The metric names each alarm reads from the per-step dicts (overridable per alarm through `keys`).
 DEFAULT_KEYS = {
-    "proxy_gold": {"proxy": "reward_mean", "gold": "eval/gold"},
+    "proxy_gold": {"proxy": "reward_mean", "gold": "eval/gold", "kl": "kl"},
     "length_corr": {"length": "response_length_mean", "reward": "reward_mean"},
     "kl_accel": {"kl": "kl"},
     "entropy_collapse": {"entropy": "entropy"},
@@ -179,7 +179,13 @@ class AlarmMonitor:
         k, w = spec.keys, spec.window
         if spec.kind == "proxy_gold":
             steps, proxy, gold = self._series(k["proxy"], k["gold"], window=w)
-            return proxy_gold_divergence(steps, proxy, gold, min_proxy_slope=spec.threshold) if len(steps) >= 3 else None
+            evidence = proxy_gold_divergence(steps, proxy, gold, min_proxy_slope=spec.threshold) if len(steps) >= 3 else None
+            if evidence is not None:
+                _, kl, all_gold = self._series(k.get("kl", "kl"), k["gold"], window=10**9)
+                if len(kl) >= 3:  # where the whole run's gold-vs-sqrt(KL) curve peaks (Gao et al. 2022)
+                    fit = fit_gold_vs_sqrt_kl(kl, all_gold)
+                    evidence.update(fit_alpha=fit.alpha, fit_beta=fit.beta, peak_kl=fit.peak_kl, kl_now=kl[-1])
+            return evidence
         if spec.kind == "length_corr":
             steps, length, reward = self._series(k["length"], k["reward"], window=w)
             r = pearson(length, reward) if len(steps) >= 3 else 0.0
