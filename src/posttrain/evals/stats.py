@@ -62,8 +62,10 @@ def paired_bootstrap(
     xa, xb = _paired(a, b)
     d = xb - xa
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, d.size, size=(n_resamples, d.size))
-    boot = d[idx].mean(axis=1)
+    # Resample in chunks so the index matrix stays ~8M entries (64 MB) even for suites of many thousand samples.
+    chunk = max(1, min(n_resamples, 8_000_000 // d.size))
+    boot = np.concatenate([d[rng.integers(0, d.size, size=(min(chunk, n_resamples - start), d.size))].mean(axis=1)
+                           for start in range(0, n_resamples, chunk)])
     alpha = 1 - confidence
     lo, hi = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
     observed = float(d.mean())
