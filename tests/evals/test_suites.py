@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,12 @@ from posttrain.errors import PosttrainError
 from posttrain.evals.runner import preference_records, summarize
 from posttrain.evals.scorers import SCORERS, build_scorer, register_scorer
 from posttrain.evals.suites import best_of_k_score, load_suites, pairwise_score, read_suite_file, regression_failures
+
+
+@pytest.fixture(autouse=True)
+def hooks_importable(monkeypatch):
+    """The python-hook scorers here name evalhooks:FUNCTION (tests/evals/evalhooks.py)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
 
 
 def write(tmp_path, text: str, name: str = "suite.yaml"):
@@ -37,7 +44,7 @@ def test_best_of_k_by_hand():
     ({"type": "regex", "pattern": r"= {answer}", "full": False}, "so 1+1 = 2.", "2", 1.0),
     ({"type": "verifier", "task": "addition"}, "432", "432", 1.0),
     ({"type": "verifier", "task": "addition", "reward": "digits"}, "725", "724", pytest.approx(2 / 3)),
-    ({"type": "python", "hook": "tests.evals.hooks:contains_answer"}, "it is 7", "7", 1.0),
+    ({"type": "python", "hook": "evalhooks:contains_answer"}, "it is 7", "7", 1.0),
 ])
 def test_scorers(spec, output, answer, expected):
     assert build_scorer(spec, where="t")("p", output, {"id": "s", "answer": answer}) == expected
@@ -51,8 +58,8 @@ def test_unavailable_and_bad_scorers_say_what_to_do():
         build_scorer({"type": "bleu"}, where="f")
     with pytest.raises(PosttrainError, match="bad options for scorer 'regex'"):
         build_scorer({"type": "regex"}, where="f")
-    with pytest.raises(PosttrainError, match="cannot load 'tests.evals.hooks:nope'"):
-        build_scorer({"type": "python", "hook": "tests.evals.hooks:nope"}, where="f")
+    with pytest.raises(PosttrainError, match="cannot load 'evalhooks:nope'"):
+        build_scorer({"type": "python", "hook": "evalhooks:nope"}, where="f")
 
 
 def test_registered_scorer_replaces_a_placeholder():
@@ -91,7 +98,7 @@ def test_preference_suite_pairwise_and_best_of_4(tmp_path):
         suites:
           - name: prefs
             kind: preference
-            scorer: {type: python, hook: "tests.evals.hooks:length_score"}
+            scorer: {type: python, hook: "evalhooks:length_score"}
             pairs:
               - {id: p1, prompt: q, chosen: aaaa, rejected: a}
               - {id: p2, prompt: q, chosen: bb, rejected: [cc, x, y]}

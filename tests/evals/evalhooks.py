@@ -1,4 +1,4 @@
-"""Python-hook scorers the suite tests name as tests.evals.hooks:FUNCTION."""
+"""Python-hook scorers the suite tests name as evalhooks:FUNCTION."""
 
 
 def length_score(prompt: str, output: str, record: dict) -> float:
