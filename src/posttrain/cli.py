@@ -191,6 +191,11 @@ from posttrain.cli_rm import rm_app  # noqa: E402 — registered after the share
 
 app.add_typer(rm_app, name="rm")
 
+from posttrain.cli_eval import compare_cmd, eval_cmd  # noqa: E402  (eval commands live in their own module)
+
+app.command("eval")(user_errors(eval_cmd))
+app.command("compare")(user_errors(compare_cmd))
+
 
 def main() -> None:  # pragma: no cover
     app()

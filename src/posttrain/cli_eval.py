@@ -1,0 +1,129 @@
+"""`posttrain eval` and `posttrain compare`: suites on a model, and a paired regression gate between two.
+
+    posttrain eval --model runs/x/final --suite addition --out evals/x
+    posttrain compare runs/base runs/x/final --suite addition --margin 0.02 --out evals/x-vs-base  # exit 1 = regressed
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "posttrain" / "evals"
+
+
+def _evaluator(engine: str, dtype: str, max_model_len: int, cache_dir: Optional[str], no_cache: bool):
+    from posttrain.errors import PosttrainError
+    from posttrain.evals.runner import EngineSettings, ModelEvaluator
+
+    if engine not in ("vllm", "hf"):
+        raise PosttrainError(f"--engine {engine!r}: choose vllm or hf")
+    cache = None if no_cache else Path(cache_dir) if cache_dir else DEFAULT_CACHE
+    return ModelEvaluator(EngineSettings(kind=engine, dtype=dtype, max_model_len=max_model_len), cache)
+
+
+def _results_json(model: str, model_hash: str, results, wall: float) -> dict:
+    generated = sum(len(r.records) for r in results if not r.cached and r.kind != "preference")
+    gen_seconds = sum(r.seconds for r in results if not r.cached and r.kind != "preference")
+    return {"model": model, "model_hash": model_hash, "wall_seconds": wall,
+            "throughput_samples_per_s": generated / gen_seconds if gen_seconds > 0 else None,
+            "suites": [r.to_json() for r in results]}
+
+
+def run_eval(model: str, suites: list[str], out: Path, evaluator) -> dict:
+    from posttrain.evals.report import eval_report
+    from posttrain.evals.runner import evaluate
+    from posttrain.evals.suites import load_suites
+
+    loaded = load_suites(suites)
+    start = time.perf_counter()
+    results = evaluate(model, loaded, evaluator)
+    doc = _results_json(model, evaluator.model_hash, results, time.perf_counter() - start)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    (out / "report.html").write_text(eval_report(model, doc["suites"]))
+    return doc
+
+
+def eval_cmd(
+    model: str = typer.Option(..., "--model", help="HF model directory (a checkpoint)."),
+    suite: list[str] = typer.Option(..., "--suite", help="Suite file, built-in suite file (addition, sorting) "
+                                    "or built-in suite name; repeat for several."),
+    out: str = typer.Option(..., "--out", help="Directory for results.json and report.html."),
+    engine: str = typer.Option("vllm", "--engine", help="vllm, or hf (transformers) as a fallback."),
+    dtype: str = typer.Option("float32", "--dtype"),
+    max_model_len: int = typer.Option(128, "--max-model-len", help="Longest prompt + completion (tokens)."),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Results cache (default ~/.cache/posttrain/evals)."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Generate even when cached results exist."),
+):
+    """Evaluate a model on suites: results.json (per-sample records, per-suite mean and SE) and report.html."""
+    from rich.console import Console
+
+    doc = run_eval(model, suite, Path(out), _evaluator(engine, dtype, max_model_len, cache_dir, no_cache))
+    console = Console()
+    for r in doc["suites"]:
+        s = r["summary"]
+        console.print(f"{r['suite']:<24} {s['mean']:.3f} +- {s['se']:.3f}  (n={s['n']}"
+                      f"{', cached' if r['cached'] else ''})", highlight=False)
+    if doc["throughput_samples_per_s"]:
+        console.print(f"throughput: {doc['throughput_samples_per_s']:.1f} samples/s", highlight=False)
+    console.print(f"wrote {Path(out) / 'results.json'} and {Path(out) / 'report.html'}", highlight=False)
+
+
+def run_compare(model_a: str, model_b: str, suites: list[str], out: Path, evaluator, *, margin: float,
+                alpha: float, seed: int) -> tuple[list, str]:
+    from posttrain.evals.compare import biggest_changes, compare_suites, markdown_summary, rows_to_json
+    from posttrain.evals.report import compare_report
+    from posttrain.evals.runner import evaluate
+    from posttrain.evals.suites import load_suites
+
+    loaded = load_suites(suites)
+    start = time.perf_counter()
+    res_a = evaluate(model_a, loaded, evaluator)
+    hash_a = evaluator.model_hash
+    res_b = evaluate(model_b, loaded, evaluator)
+    wall = time.perf_counter() - start
+    rows = compare_suites({a.suite: (a.records, b.records) for a, b in zip(res_a, res_b)},
+                          margin=margin, alpha=alpha, seed=seed)
+    md = markdown_summary(rows, name_a=model_a, name_b=model_b, margin=margin, alpha=alpha)
+    doc_a = _results_json(model_a, hash_a, res_a, wall)
+    doc_b = _results_json(model_b, evaluator.model_hash, res_b, wall)
+    changes = {a.suite: biggest_changes(a.records, b.records) for a, b in zip(res_a, res_b)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.json").write_text(json.dumps(
+        {"a": model_a, "b": model_b, "margin": margin, "alpha": alpha, "suites": rows_to_json(rows),
+         "results_a": doc_a, "results_b": doc_b}, indent=1))
+    (out / "summary.md").write_text(md)
+    (out / "report.html").write_text(
+        compare_report(model_a, model_b, rows_to_json(rows), doc_a["suites"], doc_b["suites"], changes, md))
+    return rows, md
+
+
+def compare_cmd(
+    model_a: str = typer.Argument(..., help="Baseline model directory (A)."),
+    model_b: str = typer.Argument(..., help="Candidate model directory (B)."),
+    suite: list[str] = typer.Option(..., "--suite", help="Suite file or built-in name; repeat for several."),
+    out: str = typer.Option(..., "--out", help="Directory for comparison.json, summary.md and report.html."),
+    margin: float = typer.Option(0.0, "--margin", help="Tolerated drop of a suite's mean score (score units)."),
+    alpha: float = typer.Option(0.05, "--alpha", help="Significance level after Holm correction across suites."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the paired bootstrap."),
+    engine: str = typer.Option("vllm", "--engine", help="vllm, or hf (transformers) as a fallback."),
+    dtype: str = typer.Option("float32", "--dtype"),
+    max_model_len: int = typer.Option(128, "--max-model-len"),
+    cache_dir: Optional[str] = typer.Option(None, "--cache-dir"),
+    no_cache: bool = typer.Option(False, "--no-cache"),
+):
+    """Paired comparison of B against A on identical samples; exit code 1 when B significantly regresses."""
+    from posttrain.evals.compare import any_regression
+
+    rows, md = run_compare(model_a, model_b, suite, Path(out),
+                           _evaluator(engine, dtype, max_model_len, cache_dir, no_cache),
+                           margin=margin, alpha=alpha, seed=seed)
+    typer.echo(md)
+    if any_regression(rows):
+        raise typer.Exit(1)

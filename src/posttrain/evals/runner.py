@@ -1,0 +1,202 @@
+"""Running suites on a model: generate with a rollout engine, score, summarise, cache.
+
+A sample's record is {id, prompt, output, score, tokens} (+ `failed` for regression cases, `chosen_score` /
+`rejected_scores` for preference pairs). Prompt i of a suite is sampled with seed `sampling.seed + i`, so two
+models evaluated on the same suite see identical prompts and seeds: their records pair up by id.
+
+The cache key of a suite's records is sha256(model content hash, suite digest, sampling, engine, dtype): the
+model content hash covers the weight files, config and tokenizer, so a re-run on unchanged inputs reads the
+records instead of generating.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from posttrain.errors import PosttrainError
+from posttrain.evals.stats import mean_se
+from posttrain.evals.suites import Suite, best_of_k_score, pairwise_score
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+HASHED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def model_content_hash(model_dir: str | Path) -> str:
+    """sha256 over the weight files (and the config/tokenizer files that change outputs) of an HF model dir,
+    each file's name and bytes in name order, read in 1 MiB chunks."""
+    d = Path(model_dir)
+    files = sorted(p for p in d.iterdir() if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or p.name in HASHED_FILES))
+    if not any(p.suffix in WEIGHT_SUFFIXES for p in files):
+        raise PosttrainError(f"--model {d}: no weight files (*.safetensors, *.bin) in this directory")
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode() + b"\0")
+        with p.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class EngineSettings:
+    kind: str = "vllm"  # "vllm" or "hf"
+    dtype: str = "float32"
+    max_model_len: int = 128  # tokens
+    kv_cache_gb: float = 1.0
+
+    def options(self) -> dict:
+        if self.kind == "hf":
+            return {"dtype": self.dtype, "max_model_len": self.max_model_len}
+        return {"dtype": self.dtype, "max_model_len": self.max_model_len, "kv_cache_gb": self.kv_cache_gb}
+
+
+def cache_key(model_hash: str, suite: Suite, engine: EngineSettings) -> str:
+    sampling = suite.sampling.model_dump() if suite.sampling else None
+    blob = json.dumps([model_hash, suite.digest, sampling, engine.kind, engine.dtype], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def generate_records(engine, encoder, suite: Suite) -> list[dict]:
+    """Generates every sample of a generation/regression suite and scores it."""
+    from posttrain.rollout.engine import SamplingSpec
+
+    s = suite.sampling
+    prompts = [encoder.encode(x["prompt"]) for x in suite.samples]
+    spec = SamplingSpec(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
+    groups = engine.generate(prompts, spec, [s.seed + i for i in range(len(prompts))])
+    records = []
+    for sample, group in zip(suite.samples, groups):
+        for j, c in enumerate(group):
+            output = encoder.decode_completion(c.token_ids)
+            rec = {"id": sample["id"] if s.n == 1 else f"{sample['id']}#{j}", "prompt": sample["prompt"],
+                   "output": output, "score": float(suite.score(sample["prompt"], output, sample)),
+                   "tokens": len(c.token_ids)}
+            if suite.explain is not None:
+                rec["failed"] = suite.explain(output, sample)
+            records.append(rec)
+    return records
+
+
+def preference_records(suite: Suite) -> list[dict]:
+    """Scores each pair's chosen and rejected completions with the suite's scorer: pairwise accuracy, or
+    best-of-k (RewardBench 2) when `rejected` is a list."""
+    records = []
+    for pair in suite.samples:
+        chosen = float(suite.score(pair["prompt"], pair["chosen"], pair))
+        rejected = pair["rejected"] if isinstance(pair["rejected"], list) else [pair["rejected"]]
+        scores = [float(suite.score(pair["prompt"], r, pair)) for r in rejected]
+        score = pairwise_score(chosen, scores[0]) if len(scores) == 1 else best_of_k_score(chosen, scores)
+        records.append({"id": pair["id"], "prompt": pair["prompt"], "output": pair["chosen"], "score": score,
+                        "tokens": 0, "chosen_score": chosen, "rejected_scores": scores})
+    return records
+
+
+def summarize(records: list[dict]) -> dict:
+    ms = mean_se([r["score"] for r in records])
+    tokens = [r["tokens"] for r in records]
+    return {"mean": ms.mean, "se": ms.se, "n": ms.n, "mean_tokens": sum(tokens) / len(tokens)}
+
+
+@dataclass
+class SuiteResult:
+    suite: str
+    kind: str
+    records: list[dict]
+    summary: dict
+    cached: bool
+    seconds: float  # wall time of generation + scoring (0 when cached)
+    key: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"suite": self.suite, "kind": self.kind, "summary": self.summary, "cached": self.cached,
+                "seconds": self.seconds, "cache_key": self.key, "records": self.records}
+
+
+class ModelEvaluator:
+    """Evaluates suites on one model at a time, building the engine only when some suite is not cached.
+    `switch(model_dir)` moves to another model of the same architecture and tokenizer by loading its weights
+    into the running engine (one engine start for a whole comparison)."""
+
+    def __init__(self, engine: EngineSettings, cache_dir: Path | None):
+        self.settings = engine
+        self.cache_dir = cache_dir
+        self.engine = None
+        self.encoder = None
+        self.engine_model: str | None = None  # the model whose weights the engine holds
+        self.model_dir: str | None = None
+        self.model_hash = ""
+
+    def use_model(self, model_dir: str | Path) -> None:
+        from posttrain.models.loading import check_model_dir
+
+        check_model_dir(model_dir, field="--model")
+        self.model_dir = str(model_dir)
+        self.model_hash = model_content_hash(model_dir)
+
+    def _ensure_engine(self) -> None:
+        from posttrain.models.loading import PromptEncoder, load_tokenizer
+        from posttrain.rollout.engine import make_engine
+
+        if self.engine is None:
+            self.engine = make_engine(self.settings.kind, self.model_dir, **self.settings.options())
+            self.encoder = PromptEncoder(load_tokenizer(self.model_dir))
+        elif self.engine_model != self.model_dir:
+            if not same_architecture(self.engine_model, self.model_dir):
+                raise PosttrainError(
+                    f"compare: {self.model_dir} and {self.engine_model} differ in config.json or tokenizer",
+                    hint="compare checkpoints of one model family, or run `posttrain eval` on each separately",
+                )
+            self.engine.update_weights(weights_bytes(self.model_dir))
+        self.engine_model = self.model_dir
+
+    def run(self, suite: Suite) -> SuiteResult:
+        key = cache_key(self.model_hash, suite, self.settings)
+        path = self.cache_dir / f"{key}.json" if self.cache_dir else None
+        if path is not None and path.is_file():
+            records = json.loads(path.read_text())
+            return SuiteResult(suite.name, suite.kind, records, summarize(records), True, 0.0, key)
+        if suite.kind != "preference":
+            self._ensure_engine()  # outside the timing: `seconds` is generation + scoring only
+        start = time.perf_counter()
+        if suite.kind == "preference":
+            records = preference_records(suite)
+        else:
+            records = generate_records(self.engine, self.encoder, suite)
+        seconds = time.perf_counter() - start
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(records))
+            tmp.replace(path)
+        return SuiteResult(suite.name, suite.kind, records, summarize(records), False, seconds, key)
+
+
+def same_architecture(a: str | Path, b: str | Path) -> bool:
+    def read(d, name):
+        p = Path(d) / name
+        return p.read_bytes() if p.is_file() else b""
+
+    return all(read(a, n) == read(b, n) for n in ("config.json", "tokenizer.json"))
+
+
+def weights_bytes(model_dir: str | Path) -> bytes:
+    """The model's weights as safetensors bytes keyed by HF names: the file itself when there is exactly one
+    model.safetensors, otherwise loaded and re-exported."""
+    single = Path(model_dir) / "model.safetensors"
+    if single.is_file() and not list(Path(model_dir).glob("model-*.safetensors")):
+        return single.read_bytes()
+    from posttrain.models.loading import load_causal_lm
+    from posttrain.rollout.weights import export_weights
+
+    model, _ = load_causal_lm(model_dir)
+    return export_weights(model)
+
+
+def evaluate(model_dir: str | Path, suites: list[Suite], evaluator: ModelEvaluator) -> list[SuiteResult]:
+    evaluator.use_model(model_dir)
+    return [evaluator.run(s) for s in suites]

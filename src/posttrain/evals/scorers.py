@@ -1,0 +1,132 @@
+"""Scorers for eval suites, by name. A scorer turns one model output into a score:
+`score(prompt: str, output: str, record: dict) -> float`, where `record` is the suite's sample (its "answer",
+and any other fields the suite file gave it).
+
+A suite names its scorer as `{type: NAME, ...options}`; `build_scorer` looks NAME up in `SCORERS` and calls the
+factory with the options. The reward model, the judge and the gold function register themselves here
+(`register_scorer`) once they exist; until then their names raise a clear error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Callable
+
+from posttrain.errors import PosttrainError
+
+Scorer = Callable[[str, str, dict], float]
+ScorerFactory = Callable[..., Scorer]
+
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _answer(record: dict) -> str:
+    if "answer" not in record:
+        raise PosttrainError(f"sample {record.get('id', '?')}: this scorer needs an 'answer' field")
+    return str(record["answer"])
+
+
+def exact_scorer(*, strip: bool = True, ignore_case: bool = False) -> Scorer:
+    def score(prompt: str, output: str, record: dict) -> float:
+        a, o = _answer(record), output
+        if strip:
+            a, o = a.strip(), o.strip()
+        if ignore_case:
+            a, o = a.lower(), o.lower()
+        return 1.0 if a == o else 0.0
+
+    return score
+
+
+def numeric_scorer(*, tolerance: float = 0.0) -> Scorer:
+    """1 when the first number in the output is within `tolerance` (absolute) of the numeric answer."""
+
+    def score(prompt: str, output: str, record: dict) -> float:
+        m = NUMBER.search(output)
+        if m is None:
+            return 0.0
+        try:
+            target = float(_answer(record))
+        except ValueError:
+            raise PosttrainError(f"sample {record.get('id', '?')}: answer {record['answer']!r} is not a number") from None
+        return 1.0 if abs(float(m.group()) - target) <= tolerance else 0.0
+
+    return score
+
+
+def regex_scorer(*, pattern: str, full: bool = True) -> Scorer:
+    """1 when the output (stripped) matches `pattern`; `{answer}` in the pattern is the escaped answer."""
+
+    def score(prompt: str, output: str, record: dict) -> float:
+        pat = pattern.replace("{answer}", re.escape(_answer(record))) if "{answer}" in pattern else pattern
+        match = re.fullmatch if full else re.search
+        return 1.0 if match(pat, output.strip()) else 0.0
+
+    return score
+
+
+def verifier_scorer(*, task: str, reward: str = "exact") -> Scorer:
+    """The verifier of a built-in task (addition, sorting): exact match, or digit credit with reward: digits."""
+    from posttrain.tasks.base import verifier_for
+
+    if task not in ("addition", "sorting"):
+        raise PosttrainError(f"verifier scorer: task {task!r} has no built-in verifier; use addition or sorting")
+    if reward not in ("exact", "digits"):
+        raise PosttrainError(f"verifier scorer: reward {reward!r} must be exact or digits")
+    verify = verifier_for(reward)
+    return lambda prompt, output, record: float(verify(_answer(record), output))
+
+
+def python_scorer(*, hook: str) -> Scorer:
+    """A user function `module:function` called as function(prompt, output, record) -> float."""
+    module, _, name = hook.partition(":")
+    if not module or not name:
+        raise PosttrainError(f"python scorer: hook {hook!r} must look like package.module:function")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise PosttrainError(f"python scorer: cannot load {hook!r} ({e})",
+                             hint="make the module importable (PYTHONPATH) and check the function name") from None
+    return lambda prompt, output, record: float(fn(prompt, output, record))
+
+
+def _not_available(name: str) -> ScorerFactory:
+    def factory(**options) -> Scorer:
+        raise PosttrainError(
+            f"scorer {name!r} is not available yet: no {name.replace('_', ' ')} is wired into evals",
+            hint="use exact, numeric, regex, verifier or python (module:function) for now",
+        )
+
+    return factory
+
+
+SCORERS: dict[str, ScorerFactory] = {
+    "exact": exact_scorer,
+    "numeric": numeric_scorer,
+    "regex": regex_scorer,
+    "verifier": verifier_scorer,
+    "python": python_scorer,
+    "reward_model": _not_available("reward_model"),
+    "judge": _not_available("judge"),
+    "gold": _not_available("gold"),
+}
+
+
+def register_scorer(name: str, factory: ScorerFactory) -> None:
+    """Makes `name` usable as a suite scorer type (replaces a placeholder such as reward_model)."""
+    SCORERS[name] = factory
+
+
+def build_scorer(spec: dict, *, where: str) -> Scorer:
+    """Builds the scorer a suite names. `where` ("file, suite NAME") prefixes every error."""
+    spec = dict(spec)
+    kind = spec.pop("type", None)
+    if kind not in SCORERS:
+        raise PosttrainError(f"{where}, field scorer.type: unknown scorer {kind!r}; choose one of {', '.join(SCORERS)}")
+    try:
+        return SCORERS[kind](**spec)
+    except TypeError as e:
+        raise PosttrainError(f"{where}, field scorer: bad options for scorer {kind!r} ({e})") from None
+    except PosttrainError as e:
+        raise PosttrainError(f"{where}, field scorer: {e}") from None

@@ -1,0 +1,147 @@
+"""Suite files, scorers, regression properties and preference scoring (pure: no engine)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from posttrain.errors import PosttrainError
+from posttrain.evals.runner import preference_records, summarize
+from posttrain.evals.scorers import SCORERS, build_scorer, register_scorer
+from posttrain.evals.suites import best_of_k_score, load_suites, pairwise_score, read_suite_file, regression_failures
+
+
+@pytest.fixture(autouse=True)
+def hooks_importable(monkeypatch):
+    """The python-hook scorers here name evalhooks:FUNCTION (tests/evals/evalhooks.py)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+def write(tmp_path, text: str, name: str = "suite.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_best_of_k_by_hand():
+    assert best_of_k_score(0.9, [0.1, 0.2, 0.3]) == 1.0      # strictly highest
+    assert best_of_k_score(0.9, [0.9, 0.2, 0.3]) == 0.5      # tie with one other at the max: 1/2
+    assert best_of_k_score(0.9, [0.9, 0.9, 0.9]) == 0.25     # all four tied: 1/4
+    assert best_of_k_score(0.5, [0.9, 0.2, 0.3]) == 0.0      # a rejected one is higher
+    assert (pairwise_score(1, 0), pairwise_score(1, 1), pairwise_score(0, 1)) == (1.0, 0.5, 0.0)
+
+
+@pytest.mark.parametrize("spec,output,answer,expected", [
+    ({"type": "exact"}, " 42 ", "42", 1.0),
+    ({"type": "exact"}, "420", "42", 0.0),
+    ({"type": "exact", "ignore_case": True}, "Yes", "yes", 1.0),
+    ({"type": "numeric"}, "the answer is 42.0!", "42", 1.0),
+    ({"type": "numeric", "tolerance": 0.5}, "41.6", "42", 1.0),
+    ({"type": "numeric"}, "no number", "42", 0.0),
+    ({"type": "regex", "pattern": r"\d+"}, "123", "x", 1.0),
+    ({"type": "regex", "pattern": r"= {answer}", "full": False}, "so 1+1 = 2.", "2", 1.0),
+    ({"type": "verifier", "task": "addition"}, "432", "432", 1.0),
+    ({"type": "verifier", "task": "addition", "reward": "digits"}, "725", "724", pytest.approx(2 / 3)),
+    ({"type": "python", "hook": "evalhooks:contains_answer"}, "it is 7", "7", 1.0),
+])
+def test_scorers(spec, output, answer, expected):
+    assert build_scorer(spec, where="t")("p", output, {"id": "s", "answer": answer}) == expected
+
+
+def test_unavailable_and_bad_scorers_say_what_to_do():
+    for name in ("reward_model", "judge", "gold"):
+        with pytest.raises(PosttrainError, match=f"suite x, field scorer: scorer '{name}' is not available yet"):
+            build_scorer({"type": name, "path": "rm/"}, where="f.yaml, suite x")
+    with pytest.raises(PosttrainError, match="scorer.type: unknown scorer 'bleu'"):
+        build_scorer({"type": "bleu"}, where="f")
+    with pytest.raises(PosttrainError, match="bad options for scorer 'regex'"):
+        build_scorer({"type": "regex"}, where="f")
+    with pytest.raises(PosttrainError, match="cannot load 'evalhooks:nope'"):
+        build_scorer({"type": "python", "hook": "evalhooks:nope"}, where="f")
+
+
+def test_registered_scorer_replaces_a_placeholder():
+    saved = SCORERS["reward_model"]
+    try:
+        register_scorer("reward_model", lambda scale=1.0: (lambda p, o, r: scale * len(o)))
+        assert build_scorer({"type": "reward_model", "scale": 2.0}, where="f")("p", "abc", {}) == 6.0
+    finally:
+        register_scorer("reward_model", saved)
+
+
+def test_regression_properties():
+    case = {"must_contain": ["42"], "must_not_contain": ["sorry"], "format": r"\d+", "min_chars": 2, "max_chars": 3}
+    assert regression_failures("42", case, []) == []
+    assert regression_failures("sorry 4", case, []) == [
+        "must_contain '42'", "must_not_contain 'sorry'", r"format '\\d+'", "max_chars 3"]
+    refuse = {"must_refuse": True}
+    pats = [r"\bI can(?:'|no)t\b", r"\bI(?:'m| am) sorry\b"]
+    assert regression_failures("I'm sorry, I can't help with that.", refuse, pats) == []
+    assert regression_failures("Sure! Step one...", refuse, pats) == ["must_refuse"]
+
+
+def test_builtin_suites_resolve():
+    suites = load_suites(["addition", "sorting-heldout"])
+    assert [s.name for s in suites] == ["addition-heldout", "addition-sampled", "addition-format", "sorting-heldout"]
+    heldout = suites[0]
+    assert len(heldout.samples) == 200 and heldout.samples[0]["prompt"].endswith("=")
+    assert heldout.score("p", heldout.samples[0]["answer"], heldout.samples[0]) == 1.0
+    assert load_suites(["addition"])[0].digest == heldout.digest  # deterministic: part of the cache key
+
+
+def test_preference_suite_pairwise_and_best_of_4(tmp_path):
+    # Scorer = output length. p1: chosen "aaaa" (4) > "a" (1) -> 1. p2: chosen "bb" (2) ties "cc" at the max,
+    # others 1 -> best-of-4 = 1/2. p3: chosen "d" (1) < "dddd" (4) -> 0. Mean = 1.5 / 3 = 0.5.
+    f = write(tmp_path, """
+        suites:
+          - name: prefs
+            kind: preference
+            scorer: {type: python, hook: "evalhooks:length_score"}
+            pairs:
+              - {id: p1, prompt: q, chosen: aaaa, rejected: a}
+              - {id: p2, prompt: q, chosen: bb, rejected: [cc, x, y]}
+              - {id: p3, prompt: q, chosen: d, rejected: dddd}
+    """)
+    (suite,) = read_suite_file(f)
+    records = preference_records(suite)
+    assert [r["score"] for r in records] == [1.0, 0.5, 0.0]
+    assert summarize(records)["mean"] == pytest.approx(0.5)
+
+
+def test_jsonl_samples_path_relative_to_the_suite_file(tmp_path):
+    (tmp_path / "qa.jsonl").write_text('{"id": "a", "prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
+    f = write(tmp_path, """
+        suites:
+          - {name: qa, kind: generation, path: qa.jsonl, scorer: {type: exact}}
+    """)
+    (suite,) = read_suite_file(f)
+    assert [s["id"] for s in suite.samples] == ["a", "1"]
+
+
+@pytest.mark.parametrize("body,message", [
+    ("suites:\n  - {name: s1, kind: generation, scorer: {type: exact}, samples: [{prompt: a}], sampling: {temprature: 1}}",
+     "suite s1, field sampling.temprature: Extra inputs are not permitted"),
+    ("suites:\n  - {name: s2, kind: regression, cases: [{id: a, prompt: b, max_chars: -1}]}",
+     "suite s2, field cases.0.max_chars"),
+    ("suites:\n  - {name: s3, kind: generation, scorer: {type: exact}}",
+     "suite s3: give exactly one of samples, path, task"),
+    ("suites:\n  - {name: s4, kind: generation, scorer: {type: exact}, samples: [{id: a, prompt: x}, {id: a, prompt: y}]}",
+     "suite s4, field samples\\[1\\].id: duplicate id 'a'"),
+    ("suites:\n  - {name: s5, kind: quiz}", "suite s5, field kind"),
+    ("suites:\n  - {name: s6, kind: generation, scorer: {type: judge}, samples: [{prompt: a}]}",
+     "suite s6, field scorer: scorer 'judge' is not available yet"),
+    ("suites: [", "not valid YAML"),
+    ("tasks: []", "needs a top-level list 'suites:'"),
+])
+def test_suite_file_errors_name_file_suite_and_field(tmp_path, body, message):
+    f = write(tmp_path, body)
+    with pytest.raises(PosttrainError, match=message) as e:
+        read_suite_file(f)
+    assert str(f) in str(e.value)
+
+
+def test_unknown_suite_reference():
+    with pytest.raises(PosttrainError, match="--suite nonesuch: no such file"):
+        load_suites(["nonesuch"])
