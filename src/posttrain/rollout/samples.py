@@ -28,4 +28,6 @@ class StepSamples:
     def select_groups(self, keep: list[bool], group_size: int) -> "StepSamples":
         """The samples of the groups whose flag is True, in order."""
         idx = [i for g, k in enumerate(keep) if k for i in range(g * group_size, (g + 1) * group_size)]
-        return StepSamples(**{f.name: [getattr(self, f.name)[i] for i in idx] for f in fields(self)})
+        # A field nobody filled (e.g. reward components before scoring) stays empty.
+        return StepSamples(**{f.name: [getattr(self, f.name)[i] for i in idx] if getattr(self, f.name) else []
+                              for f in fields(self)})
