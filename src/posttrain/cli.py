@@ -13,6 +13,7 @@ from rich.table import Table
 
 from posttrain.config import dump_config, load_config
 from posttrain.errors import PosttrainError
+from posttrain.preemption import EXIT_PREEMPTED, Preempted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
@@ -68,7 +69,11 @@ def train(
 
     extra = [f"ray.address={address}"] if address else []
     cfg = load_config(config, (overrides or []) + extra)
-    summary = run_train(cfg, resume=resume, progress=not quiet)
+    try:
+        summary = run_train(cfg, resume=resume, progress=not quiet)
+    except Preempted as e:
+        err_console.print(str(e), highlight=False)
+        raise typer.Exit(EXIT_PREEMPTED) from None
     print_summary(summary)
 
 

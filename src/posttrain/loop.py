@@ -15,9 +15,10 @@ import torch
 from posttrain.algorithms.grpo import group_advantages, nonzero_variance_groups
 from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
-from posttrain.models.loading import PromptEncoder, check_model_dir, load_tokenizer
+from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
+from posttrain.preemption import Preempted, SigtermWatch
 from posttrain.progress import StepProgress
-from posttrain.rewards.verifier import score_one
+from posttrain.rewards.verifier import FailureBudget, failure_counts, score_one
 from posttrain.rollout.engine import SamplingSpec
 from posttrain.rollout.sampler import Cursor, PromptSampler, sample_seed
 from posttrain.tasks import Problem, load_task
@@ -176,6 +177,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         "response_length": gen_tokens / len(s_completions),
         "kept_groups": int(keep_groups.sum()),
         "reward_failures": failures,
+        **failure_counts(err for _, err in scored),
         "tokens_per_s": gen_tokens / max(times["generate"], 1e-9),
         "kl": train_metrics.get("kl", 0.0),
         "entropy": train_metrics.get("entropy"),
@@ -186,7 +188,8 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         "logprob_gap_mean": train_metrics.get("logprob_gap_mean"),
         "logprob_gap_max": train_metrics.get("logprob_gap_max"),
     }
-    samples = {"step": step + 1, "samples": [[sid, it[3], float(r)] for sid, it, r in zip(sample_ids, items, rewards)]}
+    samples = {"step": step + 1, "samples": [[sid, it[3], float(r)] for sid, it, r in zip(sample_ids, items, rewards)],
+               "reward_errors": {sid: err for sid, (_, err) in zip(sample_ids, scored) if err is not None}}
     for k in TIME_KEYS:
         record[f"time/{k}"] = times[k]
     record["time/other"] = max(0.0, total - sum(times.values()))
@@ -224,9 +227,16 @@ def save_checkpoint(cfg: RunConfig, roles, state: RunState) -> Path:
 
     root = cfg.run_dir / "checkpoints"
     tmp = ckpt.begin_checkpoint(root, state.step)
-    ray.get(roles.trainer.save.remote(str(tmp)))
-    (tmp / "state.json").write_text(json.dumps(state.to_json(cfg.fingerprint()), indent=1))
-    final = ckpt.finalize_checkpoint(tmp, state.step)
+    try:
+        ray.get(roles.trainer.save.remote(str(tmp)))
+        (tmp / "state.json").write_text(json.dumps(state.to_json(cfg.fingerprint()), indent=1))
+        final = ckpt.finalize_checkpoint(tmp, state.step)
+    except Exception as e:
+        if not ckpt.is_disk_full(e):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PosttrainError(f"checkpoint at step {state.step}: no space left on the disk of {root}",
+                             hint="free disk space, lower checkpoint.keep_last, then continue with --resume") from None
     ckpt.prune_checkpoints(root, cfg.checkpoint.keep_last)
     return final
 
@@ -257,7 +267,9 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     wall0 = time.perf_counter()
     task = load_task(cfg.task, cfg.seed)
     check_model_dir(cfg.model.path)
-    encoder = PromptEncoder(load_tokenizer(cfg.model.path), cfg.model.chat_template)
+    tokenizer = load_tokenizer(cfg.model.path)
+    check_vocab(cfg.model.path, tokenizer)  # here, not first inside a Ray actor
+    encoder = PromptEncoder(tokenizer, cfg.model.chat_template)
     longest = max(len(encoder.encode(p.prompt)) for p in task.train[:2000] + task.heldout)
     if longest + cfg.rollout.max_new_tokens > cfg.rollout.vllm.max_model_len:
         raise PosttrainError(
@@ -266,6 +278,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             hint="raise rollout.vllm.max_model_len or shorten the prompts",
         )
     run_dir = prepare_run_dir(cfg, resume)
+    ckpt.check_disk_space(run_dir, cfg.model.path)
     bar = StepProgress("grpo", cfg.train.steps, enabled=progress and cfg.logging.progress,
                        fields=("reward", "acc", "tok/s"))
     state = RunState()
@@ -281,9 +294,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     writer = MetricsWriter(run_dir, resume_from_step=state.step if resume else None)
     sample_log = MetricsWriter(run_dir, resume_from_step=state.step if resume else None, filename="samples.jsonl")
     sampler = PromptSampler(task.train, cfg.seed, state.cursor)
+    reward_budget = FailureBudget(cfg.reward.max_failure_fraction, cfg.reward.failure_window_steps)
 
     started_ray = not ray.is_initialized()
     start_ray(cfg.ray, needed_cpus(cfg))
+    sigterm = SigtermWatch().install()  # after ray.init, which sets its own SIGTERM handler
     roles = None
     try:
         roles = create_roles(cfg, cfg.model.path)
@@ -311,10 +326,14 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
                 record["time/eval"] = time.perf_counter() - t
                 state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
             writer.write(record)
+            reward_budget.check(record, samples)
             bar.update(state.step, reward=record["reward_mean"], acc=record["accuracy"], **{"tok/s": int(record["tokens_per_s"])})
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.train.steps:
                 save_checkpoint(cfg, roles, state)
                 last_ckpt_step = state.step
+            if sigterm.requested and state.step < cfg.train.steps:
+                saved = save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step else ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
+                raise Preempted(saved, state.step, sigterm.seconds_since(), cfg.checkpoint.grace_seconds)
         if not state.eval_history or state.eval_history[-1]["step"] != state.step:
             acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
                                    rollout_resync(roles))
@@ -322,6 +341,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             writer.write({"step": state.step, "eval/heldout_accuracy": acc})
         final_ckpt = save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step else ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
     finally:
+        sigterm.restore()
         bar.close()
         writer.close()
         sample_log.close()

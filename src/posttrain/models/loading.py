@@ -50,6 +50,16 @@ def model_vocab_size(path: str | Path) -> int:
     return int(size)
 
 
+def check_vocab(path: str | Path, tokenizer, *, field: str = "model.path") -> None:
+    """The tokenizer's ids must all be rows of the model's embedding."""
+    vocab = model_vocab_size(path)
+    if len(tokenizer) > vocab:
+        raise PosttrainError(
+            f"{field}: tokenizer in {path} has {len(tokenizer)} tokens but the model's vocab_size is {vocab}",
+            hint="the tokenizer does not belong to these weights; save the matching tokenizer into the directory",
+        )
+
+
 def load_causal_lm(path: str | Path, dtype: str = "float32", *, field: str = "model.path") -> tuple[Any, Any]:
     """Returns (model, tokenizer) from a checked directory; the model is in eval mode on CPU."""
     import torch
@@ -57,12 +67,7 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", *, field: str = "mo
 
     p = check_model_dir(path, field=field)
     tok = load_tokenizer(p)
-    vocab = model_vocab_size(p)
-    if len(tok) > vocab:
-        raise PosttrainError(
-            f"{field}: tokenizer in {p} has {len(tok)} tokens but the model's vocab_size is {vocab}",
-            hint="the tokenizer does not belong to these weights; save the matching tokenizer into the directory",
-        )
+    check_vocab(p, tok, field=field)
     model = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
     model.eval()
     return model, tok
