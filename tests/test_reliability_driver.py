@@ -50,9 +50,15 @@ def _write_config(tmp: Path, model_dir: str, name: str, **checkpoint) -> Path:
     return path
 
 
+# API keys a user has in the environment (an LLM judge's, say): they must never reach logs, metrics or run dirs.
+SECRETS = {"OPENAI_API_KEY": "sk-test-secret-123", "ANTHROPIC_API_KEY": "sk-ant-test-secret-456",
+           "POSTTRAIN_JUDGE_API_KEY": "judge-test-secret-789"}
+
+
 def _start(config: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([str(BIN / "posttrain"), "train", str(config), "--quiet", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **SECRETS})
 
 
 def _finish(proc: subprocess.Popen, timeout: int = 300) -> tuple[int, str]:
@@ -87,7 +93,23 @@ def uninterrupted(tmp_path_factory, warm_model_dir):
     config = _write_config(tmp, warm_model_dir, "straight")
     code, log = _finish(_start(config))
     assert code == 0, log[-3000:]
+    _assert_no_secrets(tmp / "straight", log)
     return tmp / "straight"
+
+
+def _assert_no_secrets(run_dir: Path, console: str) -> None:
+    files = [f for f in run_dir.rglob("*") if f.is_file()]
+    assert any(f.name == "metrics.jsonl" for f in files) and any(f.name == "config.yaml" for f in files)
+    for secret in SECRETS.values():
+        assert secret not in console
+        for f in files:
+            assert secret.encode() not in f.read_bytes(), f"{secret} written to {f}"
+
+
+def _listening_addresses(pids: set[int]) -> set[str]:
+    """Local addresses of the TCP sockets these processes listen on."""
+    return {c.laddr.ip for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids}
 
 
 def _assert_same_run(resumed: Path, reference: Path) -> None:
@@ -108,6 +130,7 @@ def test_driver_sigkilled_at_a_random_step_resumes_to_the_same_metrics_and_weigh
     _wait_for_step(run_dir, proc, kill_step)
     time.sleep(random.uniform(0, 0.3))  # somewhere inside the next step
     family = psutil.Process(proc.pid).children(recursive=True)
+    listening = _listening_addresses({proc.pid, *(p.pid for p in family)})
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray cluster it started, all at once
     proc.wait(30)
     for p in family:  # anything of ours that left the process group
@@ -116,6 +139,8 @@ def test_driver_sigkilled_at_a_random_step_resumes_to_the_same_metrics_and_weigh
         except psutil.Error:
             pass
     assert proc.returncode == -signal.SIGKILL
+    # Ray (GCS, raylet, object manager, workers) and the engine listened on loopback only
+    assert listening and listening <= {"127.0.0.1", "::1"}, listening
     done = max(m["step"] for m in read_metrics(run_dir) if "time/step" in m)
     print(f"SIGKILL after step {done} (kill_step={kill_step})")
 

@@ -68,7 +68,8 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", *, field: str = "mo
     p = check_model_dir(path, field=field)
     tok = load_tokenizer(p)
     check_vocab(p, tok, field=field)
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
+    # safetensors only: a pickled .bin beside them is never read (loading a pickle can run code)
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype), use_safetensors=True)
     model.eval()
     return model, tok
 

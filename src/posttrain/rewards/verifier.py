@@ -57,8 +57,20 @@ def failure_counts(errors: Iterable[str | None]) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------- isolation
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies, even if a verifier hangs (ray.kill SIGKILLs the worker)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _scoring_process(conn, make_task: Callable[[], Task], default: float) -> None:
     """Child process: builds the task once, then scores (problem, completion) pairs until the pipe closes."""
+    _die_with_parent()
     task = make_task()
     conn.send("ready")
     while True:
@@ -102,7 +114,8 @@ class IsolatedScorer:
             self.close()
             return RewardResult(self.default, f"timeout: verifier ran longer than {self.timeout_s:g} s")
         except (EOFError, OSError):  # the verifier took its process down (os._exit, a segfault in an extension)
-            code = self._proc.exitcode if self._proc is not None else None
+            self._proc.join(5)  # reap it, for its exit code
+            code = self._proc.exitcode
             self.close()
             return RewardResult(self.default, f"exception: the verifier's process died (exit code {code})")
 
