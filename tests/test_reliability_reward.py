@@ -104,19 +104,28 @@ def test_a_budget_of_one_never_aborts():
 
 @pytest.mark.integration
 def test_a_run_whose_every_verifier_call_times_out_stops_at_its_first_step(tmp_path, warm_model_dir):
-    """End to end on Ray: reward.timeout_seconds far below a verifier call -> every sample is a timeout failure,
-    counted in the step's metrics, and the run aborts with the budget's message."""
+    """End to end on Ray: the python verifier (a sandboxed subprocess, ~0.1 s a sample) under a 10 ms
+    reward.timeout_seconds -> every sample is a timeout failure, counted in the step's metrics, and the run aborts
+    with the budget's message after its first step."""
+    import json
+
     from posttrain.config import load_config
     from posttrain.loop import train
     from posttrain.tracking import read_metrics
 
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a + 7}=", "answer": str(2 * a + 7)}) + "\n"
+                            for a in range(10, 50)))
     cfg = load_config(None, [
         "name=badreward", f"runs_dir={tmp_path}", f"model.path={warm_model_dir}", "rollout.engine=hf",
-        "algorithm.prompts_per_step=2", "algorithm.group_size=2", "algorithm.kl_coef=0", "task.heldout_size=8",
-        "eval.every=0", "train.steps=3", "reward.timeout_seconds=0.000001", "logging.progress=false",
+        "task.name=jsonl", f"task.path={data}", "task.reward=python", "task.heldout_size=4",
+        "algorithm.prompts_per_step=2", "algorithm.group_size=2", "algorithm.kl_coef=0",
+        "eval.every=0", "train.steps=3", "reward.timeout_seconds=0.01", "logging.progress=false",
     ])
     with pytest.raises(PosttrainError, match=r"4 of the last 4 samples .*reward.max_failure_fraction=0.5"):
         train(cfg, progress=False)
     steps = [m for m in read_metrics(cfg.run_dir) if "time/step" in m]
     assert len(steps) == 1
     assert steps[0]["reward_failures"] == steps[0]["reward_failures/timeout"] == 4
+    errors = json.loads((cfg.run_dir / "samples.jsonl").read_text().splitlines()[0])["reward_errors"]
+    assert len(errors) == 4 and all(e == "timeout: verifier ran longer than 0.01 s" for e in errors.values())
