@@ -51,7 +51,7 @@ def test_verifier_failures_become_records_not_crashes():
             return {"nan": float("nan"), "str": "1"}.get(completion, 0.5)
 
     p = Problem("x", "q", "a")
-    assert score_one(Broken(), p, "raise").error.startswith("ZeroDivisionError")
+    assert score_one(Broken(), p, "raise").error.startswith("exception: ZeroDivisionError")
     assert score_one(Broken(), p, "nan").error is not None
     assert score_one(Broken(), p, "str", default=-1.0).reward == -1.0
     assert score_one(Broken(), p, "ok").reward == 0.5

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m posttrain.cli`: run the one importable module, so the command modules
+    import sys          # (cli_rm, cli_dpo, ...) that import posttrain.cli share it instead of a second copy
+
+    from posttrain.cli import main
+
+    sys.exit(main())
+
 import functools
 import sys
 from pathlib import Path
@@ -13,6 +20,7 @@ from rich.table import Table
 
 from posttrain.config import dump_config, load_config
 from posttrain.errors import PosttrainError
+from posttrain.preemption import EXIT_PREEMPTED, Preempted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
@@ -72,7 +80,11 @@ def train(
         from posttrain.cli_dpo import run as run_dpo
 
         return print_summary(run_dpo(cfg, quiet))
-    summary = run_train(cfg, resume=resume, progress=not quiet)
+    try:
+        summary = run_train(cfg, resume=resume, progress=not quiet)
+    except Preempted as e:
+        err_console.print(str(e), highlight=False)
+        raise typer.Exit(EXIT_PREEMPTED) from None
     print_summary(summary)
 
 

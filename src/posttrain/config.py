@@ -36,10 +36,11 @@ class TaskConfig(_Section):
     train_size: int = Field(20000, gt=0, description="Number of training problems generated (built-in tasks).")
     heldout_size: int = Field(500, gt=0, description="Held-out problems, disjoint from every training problem.")
     max_digits: int = Field(3, ge=1, le=8, description="Longest operand (addition); sorting lists are up to max_digits+2 long.")
-    reward: Literal["exact", "digits"] = Field(
+    reward: Literal["exact", "digits", "python"] = Field(
         "exact",
         description="exact: 1 for the exact answer, else 0; digits: share of answer digits right (aligned from the "
-        "right, 1 only for the exact answer). Held-out accuracy is always exact match.",
+        "right, 1 only for the exact answer); python: the completion is a program run in the sandbox "
+        "(rewards/sandbox.py), 1 when it prints the answer. Held-out accuracy counts reward 1 as solved.",
     )
 
 
@@ -192,6 +193,15 @@ class RewardConfig(_Section):
     """How samples are scored: sources, their weights, and what a failed score becomes."""
 
     default: float = Field(0.0, description="Reward given to a sample whose scoring failed (error, NaN, wrong type).")
+    timeout_seconds: float = Field(
+        10.0, gt=0, description="Per-sample limit on a verifier: it runs in a child process of the reward worker, "
+        "killed past this (the sample gets the default reward and counts as a timeout failure).",
+    )
+    max_failure_fraction: float = Field(
+        0.5, ge=0, le=1, description="Abort the run when more than this share of the samples of the last "
+        "failure_window_steps steps failed to score (1 = never abort).",
+    )
+    failure_window_steps: int = Field(10, ge=1, description="Steps over which max_failure_fraction is measured.")
     weights: dict[str, float] = Field(
         default_factory=lambda: {"verifier": 1.0},
         description="Reward = sum of weight * source over these sources: verifier, rm (normalized reward-model score), "
@@ -231,6 +241,10 @@ class EvalConfig(_Section):
 class CheckpointConfig(_Section):
     every: int = Field(50, ge=0, description="Checkpoint every k steps (0 = only at the end).")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept (the newest valid one is never deleted).")
+    grace_seconds: float = Field(
+        30.0, gt=0, description="On SIGTERM the step in progress finishes, a checkpoint is written and the run exits "
+        "with code 75 (resume with --resume); the exit message says when that took longer than this (seconds).",
+    )
 
 
 class LoggingConfig(_Section):

@@ -50,6 +50,16 @@ def model_vocab_size(path: str | Path) -> int:
     return int(size)
 
 
+def check_vocab(path: str | Path, tokenizer, *, field: str = "model.path") -> None:
+    """The tokenizer's ids must all be rows of the model's embedding."""
+    vocab = model_vocab_size(path)
+    if len(tokenizer) > vocab:
+        raise PosttrainError(
+            f"{field}: tokenizer in {path} has {len(tokenizer)} tokens but the model's vocab_size is {vocab}",
+            hint="the tokenizer does not belong to these weights; save the matching tokenizer into the directory",
+        )
+
+
 def load_causal_lm(path: str | Path, dtype: str = "float32", *, field: str = "model.path") -> tuple[Any, Any]:
     """Returns (model, tokenizer) from a checked directory; the model is in eval mode on CPU."""
     import torch
@@ -57,13 +67,9 @@ def load_causal_lm(path: str | Path, dtype: str = "float32", *, field: str = "mo
 
     p = check_model_dir(path, field=field)
     tok = load_tokenizer(p)
-    vocab = model_vocab_size(p)
-    if len(tok) > vocab:
-        raise PosttrainError(
-            f"{field}: tokenizer in {p} has {len(tok)} tokens but the model's vocab_size is {vocab}",
-            hint="the tokenizer does not belong to these weights; save the matching tokenizer into the directory",
-        )
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype))
+    check_vocab(p, tok, field=field)
+    # safetensors only: a pickled .bin beside them is never read (loading a pickle can run code)
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=getattr(torch, dtype), use_safetensors=True)
     model.eval()
     return model, tok
 

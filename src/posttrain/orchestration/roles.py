@@ -48,6 +48,7 @@ def needed_cpus(cfg: RunConfig) -> float:
 def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
     import ray
 
+    from posttrain.orchestration.recovery import REDO_ATTEMPTS
     from posttrain.rewards.verifier import RewardWorker
     from posttrain.rollout.worker import RolloutWorker, rollout_worker_env
     from posttrain.training.reference import ReferenceModel
@@ -68,7 +69,9 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
     trainer = ray.remote(Trainer).options(**place("trainer", runtime_env=threads)).remote(cfg_dict, model_dir)
     reference = None
     if "reference" in index:
-        reference = ray.remote(ReferenceModel).options(**place("reference", runtime_env=threads)).remote(
+        # fixed weights from model.path, so a restarted reference is the same function: Ray retries its calls
+        reference = ray.remote(ReferenceModel).options(**place("reference", runtime_env=threads, max_restarts=3,
+                                                               max_task_retries=3)).remote(
             cfg_dict, model_dir
         )
     critic = None
@@ -88,7 +91,9 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
     )
     rollout = [
         ray.remote(RolloutWorker)
-        .options(**place(f"rollout{i}", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)}))
+        # restarted by Ray when its process dies; the driver redoes its share (orchestration/recovery.py)
+        .options(**place(f"rollout{i}", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)},
+                         max_restarts=REDO_ATTEMPTS, max_task_retries=0))
         .remote(cfg.rollout.engine, model_dir, engine_kwargs)
         for i in range(cfg.rollout.num_workers)
     ]

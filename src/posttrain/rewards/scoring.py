@@ -38,7 +38,7 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
     if w.get("judge"):  # HTTP from the driver while the actors score
         judged = judge.results([(it[1], it[3]) for it in items])
         components["judge"] = [r.reward for r in judged]
-        errors = [r.error for r in judged]
+        errors = [None if r.error is None else f"judge: {r.error}" for r in judged]
     got = dict(zip(refs, ray.get(list(refs.values()))))
     scored = got["verifier"]
     components["verifier"] = [r for r, _ in scored]

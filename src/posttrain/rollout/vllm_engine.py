@@ -57,6 +57,7 @@ class VllmEngine:
             worker_extension_cls=EXTENSION,
             # Pin the meaning of returned logprobs: log_softmax of raw logits, before temperature/top_p.
             logprobs_mode="raw_logprobs",
+            load_format="safetensors",  # never unpickle a .bin beside the safetensors
         )
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:

@@ -43,6 +43,11 @@ def digit_credit(answer: str, completion: str) -> float:
 
 
 def verifier_for(kind: str):
+    if kind == "python":  # the completion is a program, run in the sandbox; 1 when it prints the answer
+        from posttrain.rewards.sandbox import isolation_prefix, python_output_match
+
+        isolation_prefix()  # refuse now, with a clear error, where model output cannot be confined
+        return python_output_match
     return {"exact": exact_match, "digits": digit_credit}[kind]
 
 
@@ -55,12 +60,15 @@ def load_task(cfg: "TaskConfig", seed: int) -> Task:
 
     builtins = {"addition": AdditionTask, "sorting": SortingTask}
     if cfg.name in builtins:
-        return builtins[cfg.name](cfg.train_size, cfg.heldout_size, seed=seed, max_digits=cfg.max_digits,
-                                  reward=cfg.reward)
+        try:
+            return builtins[cfg.name](cfg.train_size, cfg.heldout_size, seed=seed, max_digits=cfg.max_digits,
+                                      reward=cfg.reward)
+        except ValueError as e:  # the problem space is smaller than the splits asked for
+            raise PosttrainError(f"task {cfg.name}: {e}") from None
     if cfg.name == "jsonl":
         if not cfg.path:
             raise PosttrainError("task.name is 'jsonl' but task.path is not set", hint="set task.path to a .jsonl file")
-        return JsonlTask(cfg.path, cfg.heldout_size, seed=seed)
+        return JsonlTask(cfg.path, cfg.heldout_size, seed=seed, reward=cfg.reward)
     raise PosttrainError(
         f"task.name: unknown task {cfg.name!r}",
         hint=f"use one of {sorted(builtins) + ['jsonl']}",

@@ -1,4 +1,5 @@
-"""A user dataset: a .jsonl file of {"prompt": ..., "answer": ...} rows (optional "id"), scored by exact match.
+"""A user dataset: a .jsonl file of {"prompt": ..., "answer": ...} rows (optional "id"), scored by task.reward
+(exact match by default; "python" runs each completion as a program in the sandbox and compares its output).
 The held-out split is a seeded sample of rows, disjoint from the training rows."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import random
 from pathlib import Path
 
 from posttrain.errors import PosttrainError
-from posttrain.tasks.base import Problem, exact_match
+from posttrain.tasks.base import Problem, verifier_for
 
 
 def jsonl_rows(p: Path):
@@ -45,7 +46,8 @@ def read_jsonl_problems(path: str | Path) -> list[Problem]:
 class JsonlTask:
     name = "jsonl"
 
-    def __init__(self, path: str | Path, heldout_size: int, *, seed: int = 0):
+    def __init__(self, path: str | Path, heldout_size: int, *, seed: int = 0, reward: str = "exact"):
+        self.verify = verifier_for(reward)
         rows = read_jsonl_problems(path)
         if len(rows) <= heldout_size:
             raise PosttrainError(
@@ -59,4 +61,4 @@ class JsonlTask:
         self.train = [r for i, r in enumerate(rows) if i not in held]
 
     def score(self, problem: Problem, completion: str) -> float:
-        return exact_match(problem.answer, completion)
+        return self.verify(problem.answer, completion)

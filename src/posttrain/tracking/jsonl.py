@@ -14,12 +14,20 @@ def _clean(v):
     return v
 
 
+def _step_of(line: str) -> float:
+    """The step of a jsonl line; a blank line or one cut short by a killed writer sorts after every step."""
+    try:
+        return json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")
+
+
 class MetricsWriter:
     def __init__(self, run_dir: Path, resume_from_step: int | None = None, filename: str = "metrics.jsonl"):
         self.path = Path(run_dir) / filename
         if resume_from_step is not None and self.path.exists():
             # Drop lines of steps after the checkpoint we resume from: they will be recomputed.
-            kept = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l).get("step", 0) <= resume_from_step]
+            kept = [l for l in self.path.read_text().splitlines() if _step_of(l) <= resume_from_step]
             self.path.write_text("".join(l + "\n" for l in kept))
         self._fh = open(self.path, "a")
 

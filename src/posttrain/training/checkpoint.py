@@ -156,3 +156,31 @@ def prune_checkpoints(root: str | Path, keep_last: int, protect: tuple[Path, ...
     for stale in root.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return removed
+
+
+def checkpoint_bytes_estimate(model_dir: str | Path) -> int:
+    """Bytes one checkpoint of this model takes: the weights, AdamW's two moments of the same size, small files."""
+    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    return 3 * weights + (1 << 20)
+
+
+def check_disk_space(root: str | Path, model_dir: str | Path) -> None:
+    """Refuses to start a run whose checkpoint would not fit on the disk of `root` (better now than at step 50)."""
+    need = checkpoint_bytes_estimate(model_dir)
+    free = shutil.disk_usage(root).free
+    if free < need:
+        raise PosttrainError(
+            f"runs_dir: {root} has {free / 2**20:.1f} MiB free, but one checkpoint of {model_dir} needs about "
+            f"{need / 2**20:.1f} MiB",
+            hint="free disk space or point runs_dir at a larger disk",
+        )
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True for ENOSPC/EDQUOT, also when it comes wrapped by Ray from an actor (RayTaskError.cause)."""
+    import errno
+
+    for e in (error, getattr(error, "cause", None), error.__cause__):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+    return False

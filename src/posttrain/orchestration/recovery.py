@@ -1,0 +1,73 @@
+"""Redoing a worker's share of the work after its process died.
+
+Rollout actors are created with `max_restarts`, so Ray starts a fresh process when one dies; its constructor runs
+again and loads the weights of `model.path`, not the policy's current ones. The driver therefore waits until the
+restarted actor answers, lets the caller bring it up to date (`resync`: push the trainer's current weights) and
+resubmits exactly the same share (same prompts, same sampling seeds), so no sample is lost or produced twice.
+An error raised *inside* a task (a bug, a bad request) is not a dead process: it propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+REDO_ATTEMPTS = 3          # a share is redone at most this many times (the actors' max_restarts is the same)
+RESTART_TIMEOUT_S = 600.0  # a vLLM engine restart takes 20-60 s on a loaded 2-core machine
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def wait_until_alive(actor: Any, timeout_s: float = RESTART_TIMEOUT_S) -> int:
+    """Blocks until `actor` (restarting after a crash) answers `pid()`; returns its new process id."""
+    import ray
+    from ray.exceptions import ActorDiedError, RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return ray.get(actor.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+        except ActorDiedError:
+            raise  # restarts exhausted: the actor is gone for good
+        except (RayActorError, ray.exceptions.GetTimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def gather_with_redo(
+    workers: list[Any],
+    submit: Callable[[int], Any],
+    *,
+    resync: Callable[[Any], None] | None = None,
+    what: str = "work",
+    log: Callable[[str], None] = _stderr,
+) -> list[Any]:
+    """`submit(i)` sends worker i its share and returns the ObjectRef; returns the results in worker order.
+    A share whose worker process died is redone on the restarted worker (after `resync(worker)`)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    refs = [submit(i) for i in range(len(workers))]
+    results = []
+    for i, ref in enumerate(refs):
+        for attempt in range(REDO_ATTEMPTS + 1):
+            try:
+                if ref is None:  # the worker died: wait for its restart, bring it up to date, resubmit
+                    t = time.perf_counter()
+                    pid = wait_until_alive(workers[i])
+                    if resync is not None:
+                        resync(workers[i])
+                    log(f"rollout worker {i} is back (pid {pid}) after {time.perf_counter() - t:.1f} s; redoing its {what}")
+                    ref = submit(i)
+                results.append(ray.get(ref))
+                break
+            except RayActorError as e:
+                if attempt == REDO_ATTEMPTS:
+                    raise RuntimeError(f"rollout worker {i} died {attempt + 1} times while doing {what}") from e
+                log(f"rollout worker {i} died during {what} ({type(e).__name__}); waiting for its restart to redo it")
+                ref = None
+    return results

@@ -1,0 +1,275 @@
+"""The catalogue of bad inputs: each one, given to the real CLI (in-process through typer's CliRunner; a few as
+real subprocesses), exits with code 2 and one message that names the field, file or row and says what to do —
+never a traceback. Every case is caught before Ray starts, so the whole catalogue runs in seconds.
+
+`python tests/test_bad_inputs.py > docs/errors.md` regenerates the table of cases and their messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from posttrain.cli import app
+
+BIN = Path(sys.executable).parent
+SMALL = ["task.train_size=200", "task.heldout_size=20", "logging.progress=false"]
+
+
+@dataclass
+class Case:
+    id: str
+    what: str                                   # the bad input, in words (the docs table's first column)
+    args: Callable[[Path, str], list[str]]      # (tmp dir, a good model dir) -> CLI arguments
+    expect: str                                 # a piece of the message that names the culprit
+
+
+def _config(tmp: Path, text: str, name: str = "run.yaml") -> str:
+    (tmp / name).write_text(text)
+    return str(tmp / name)
+
+
+def _good(tmp: Path, model: str, *extra: str) -> list[str]:
+    """`train` with a valid config and model, plus the bad part in `extra`."""
+    cfg = _config(tmp, yaml.safe_dump({"name": "bad", "runs_dir": str(tmp / "runs"), "model": {"path": model}}))
+    return ["train", cfg, *SMALL, *extra]
+
+
+def _dataset(tmp: Path, lines: list[str]) -> str:
+    (tmp / "data.jsonl").write_text("".join(l + "\n" for l in lines))
+    return str(tmp / "data.jsonl")
+
+
+def _rows(n: int) -> list[str]:
+    return [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(n)]
+
+
+def _model_variant(tmp: Path, model: str, change: Callable[[Path], None]) -> str:
+    out = tmp / "model-variant"
+    shutil.copytree(model, out)
+    change(out)
+    return str(out)
+
+
+def _unlink(*names: str) -> Callable[[Path], None]:
+    return lambda d: [(d / n).unlink() for n in names]
+
+
+def _shrink_vocab(d: Path) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["vocab_size"] = 8
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _as_bin(d: Path) -> None:
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+
+
+def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: bool = False) -> list[str]:
+    """A run dir holding one checkpoint whose state.json carries `fingerprint` (default: the config's own)."""
+    from posttrain.config import load_config
+    from posttrain.training import checkpoint as ckpt
+
+    args = _good(tmp, model)
+    cfg = load_config(args[1], SMALL)
+    tmp_dir = ckpt.begin_checkpoint(cfg.run_dir / "checkpoints", 2)
+    state = {"step": 2, "cursor": {"epoch": 0, "offset": 64}, "eval_history": [],
+             "config_fingerprint": fingerprint or cfg.fingerprint()}
+    (tmp_dir / "state.json").write_text(json.dumps(state))
+    final = ckpt.finalize_checkpoint(tmp_dir, 2)
+    if corrupt:
+        (final / "state.json").write_text(json.dumps({**state, "step": 3}))  # bytes no longer match the manifest
+    return args
+
+
+CASES = [
+    # --- the config file and overrides
+    Case("yaml-syntax", "malformed YAML", lambda t, m: ["train", _config(t, "model:\n  path: [unclosed\n")],
+         "is not valid YAML at line"),
+    Case("yaml-not-mapping", "YAML whose top level is a list", lambda t, m: ["train", _config(t, "- a\n- b\n")],
+         "must hold a mapping of sections"),
+    Case("config-missing", "nonexistent config file", lambda t, m: ["train", str(t / "nope.yaml")],
+         "nope.yaml does not exist"),
+    Case("unknown-top-key", "unknown top-level key (typo)", lambda t, m: ["train", _config(t, "trian:\n  steps: 3\n")],
+         "unknown key 'trian' (did you mean 'train'?)"),
+    Case("unknown-nested-key", "unknown key in a section", lambda t, m: ["config", "show", "algorithm.klcoef=1"],
+         "unknown key 'algorithm.klcoef' (did you mean 'kl_coef'?)"),
+    Case("section-scalar", "a section given a scalar", lambda t, m: ["train", _config(t, "algorithm: 5\n")],
+         "algorithm: got 5"),
+    Case("wrong-type-override", "wrong type in an override", lambda t, m: ["config", "show", "rollout.num_workers=two"],
+         "rollout.num_workers: got 'two'"),
+    Case("wrong-type-yaml", "wrong type in the YAML", lambda t, m: ["train", _config(t, "train:\n  steps: many\n")],
+         "train.steps: got 'many'"),
+    Case("bad-choice", "a value outside a key's choices", lambda t, m: ["config", "show", "rollout.engine=tensorrt"],
+         "rollout.engine: got 'tensorrt'"),
+    Case("negative-steps", "negative train.steps", lambda t, m: ["config", "show", "train.steps=-1"],
+         "train.steps: got -1; Input should be greater than or equal to 0"),
+    Case("zero-prompts", "zero prompts per step", lambda t, m: ["config", "show", "algorithm.prompts_per_step=0"],
+         "algorithm.prompts_per_step: got 0"),
+    Case("negative-lr", "negative learning rate", lambda t, m: ["config", "show", "algorithm.lr=-0.001"],
+         "algorithm.lr: got -0.001"),
+    Case("top-p-above-1", "rollout.top_p above 1", lambda t, m: ["config", "show", "rollout.top_p=1.5"],
+         "rollout.top_p: got 1.5"),
+    Case("clip-eps-1", "clip range of 1 or more", lambda t, m: ["config", "show", "algorithm.clip_eps=1"],
+         "algorithm.clip_eps: got 1"),
+    Case("group-size-1", "group size 1 for GRPO", lambda t, m: ["config", "show", "algorithm.group_size=1"],
+         "algorithm.group_size=1: grpo needs at least 2 completions per prompt"),
+    Case("minibatches-divide", "minibatches that do not divide the batch",
+         lambda t, m: ["config", "show", "algorithm.prompts_per_step=3", "algorithm.group_size=2", "algorithm.minibatches=4"],
+         "algorithm.minibatches=4 does not divide prompts_per_step*group_size=6"),
+    Case("failure-fraction", "reward.max_failure_fraction above 1",
+         lambda t, m: ["config", "show", "reward.max_failure_fraction=1.5"], "reward.max_failure_fraction: got 1.5"),
+    Case("grace-zero", "checkpoint.grace_seconds of 0", lambda t, m: ["config", "show", "checkpoint.grace_seconds=0"],
+         "checkpoint.grace_seconds: got 0"),
+    Case("override-no-equals", "override without '='", lambda t, m: ["train", _config(t, "seed: 1\n"), "train.steps"],
+         "override 'train.steps' is not of the form key.path=value"),
+    Case("override-empty-key", "override with an empty key part", lambda t, m: ["config", "show", "train..steps=3"],
+         "override 'train..steps=3' has an empty key"),
+    Case("override-into-value", "override below a plain value", lambda t, m: ["config", "show", _config(t, "seed: 1\n"), "seed.x=1"],
+         "override 'seed.x=1': 'seed' is a value, not a section"),
+    # --- the model directory
+    Case("model-missing", "missing model directory", lambda t, m: _good(t, str(t / "no-model")),
+         "model.path: model directory"),
+    Case("model-no-config", "model dir without config.json",
+         lambda t, m: _good(t, _model_variant(t, m, _unlink("config.json"))), "has no config.json"),
+    Case("model-no-weights", "model dir with PyTorch .bin weights only",
+         lambda t, m: _good(t, _model_variant(t, m, _as_bin)), "convert them to safetensors"),
+    Case("model-no-tokenizer", "model dir without a tokenizer",
+         lambda t, m: _good(t, _model_variant(t, m, _unlink("tokenizer.json", "tokenizer_config.json"))),
+         "has no tokenizer"),
+    Case("vocab-mismatch", "tokenizer larger than the model's vocabulary",
+         lambda t, m: _good(t, _model_variant(t, m, _shrink_vocab)), "the model's vocab_size is 8"),
+    # --- the dataset / task
+    Case("task-unknown", "unknown task name", lambda t, m: _good(t, m, "task.name=chess"), "task.name: unknown task 'chess'"),
+    Case("jsonl-no-path", "jsonl task without a path", lambda t, m: _good(t, m, "task.name=jsonl"),
+         "task.name is 'jsonl' but task.path is not set"),
+    Case("dataset-missing", "dataset file missing",
+         lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={t / 'none.jsonl'}"), "none.jsonl does not exist"),
+    Case("dataset-empty", "empty dataset",
+         lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, [])}"), "the dataset is empty"),
+    Case("row-missing-field", "dataset row missing a field (row number)",
+         lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, _rows(3) + [json.dumps({'prompt': 'x'})])}"),
+         "data.jsonl, line 4: missing or non-string field(s) answer"),
+    Case("row-bad-json", "dataset row that is not JSON",
+         lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, _rows(2) + ['{oops'])}"),
+         "data.jsonl, line 3: not valid JSON"),
+    Case("row-not-object", "dataset row that is not an object",
+         lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, ['[1, 2]'])}"),
+         "data.jsonl, line 1: each row must be a JSON object"),
+    Case("heldout-too-big", "held-out split as large as the dataset",
+         lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, _rows(5))}", "task.heldout_size=5"),
+         "task.heldout_size=5 leaves no training rows"),
+    Case("task-too-small", "more problems asked than the task has",
+         lambda t, m: _good(t, m, "task.max_digits=2", "task.train_size=9000"), "task addition: could only draw"),
+    Case("prompt-too-long", "prompts longer than the engine's max length",
+         lambda t, m: _good(t, m, "rollout.vllm.max_model_len=10"),
+         "rollout.vllm.max_model_len=10 is shorter than the longest prompt"),
+    # --- the run directory and resume
+    Case("run-dir-unwritable", "unwritable run directory", lambda t, m: _good(t, m, "runs_dir=/proc/posttrain"),
+         "runs_dir: cannot write to /proc/posttrain"),
+    Case("run-dir-is-file", "runs_dir that is a file",
+         lambda t, m: _good(t, m, f"runs_dir={_config(t, 'x', 'a-file')}"), "runs_dir: cannot write to"),
+    Case("checkpoints-exist", "a run with checkpoints started without --resume",
+         lambda t, m: _checkpoint(t, m), "already holds checkpoints"),
+    Case("resume-nothing", "--resume with no checkpoint", lambda t, m: [*_good(t, m), "--resume"],
+         "--resume: no valid checkpoint under"),
+    Case("resume-corrupt", "--resume when the only checkpoint is corrupt",
+         lambda t, m: [*_checkpoint(t, m, corrupt=True), "--resume"], "--resume: no valid checkpoint under"),
+    Case("resume-incompatible", "--resume with an incompatible config",
+         lambda t, m: [*_checkpoint(t, m, fingerprint="0123456789abcdef"), "--resume"],
+         "--resume: the config's model/task/algorithm/seed differ from the checkpoint"),
+    Case("tiny-size", "unknown tiny model size", lambda t, m: ["model", "tiny", str(t / "m"), "--size", "7b"],
+         "--size: unknown size '7b'"),
+]
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return CliRunner()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_clear_message(case, tmp_path, tiny_model_dir, runner):
+    result = runner.invoke(app, case.args(tmp_path, tiny_model_dir))
+    text = result.output
+    assert result.exit_code == 2, f"exit {result.exit_code}: {text[-2000:]} {result.exception!r}"
+    assert isinstance(result.exception, SystemExit)  # not an escaped exception
+    assert case.expect in " ".join(text.split()), text
+    assert "Traceback" not in text
+    assert text.count("error:") == 1, text  # one message (a warning may precede it, e.g. a skipped checkpoint)
+
+
+def test_every_case_has_its_own_id():
+    assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+
+
+def _tmpfs(size: str):
+    mnt = Path(tempfile.mkdtemp(prefix="posttrain-tmpfs-"))
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        mnt.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    return mnt
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tiny tmpfs needs root")
+def test_disk_full_is_refused_before_the_run_starts(tmp_path, tiny_model_dir, runner):
+    """A 1 MiB disk: the config and a metrics line fit, a checkpoint of the 1m model (~10 MiB) never will."""
+    mnt = _tmpfs("1m")
+    try:
+        result = runner.invoke(app, _good(tmp_path, tiny_model_dir, f"runs_dir={mnt}"))
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+        mnt.rmdir()
+    assert result.exit_code == 2, result.output
+    assert f"runs_dir: {mnt}/bad has" in result.output and "MiB free" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("case_id", ["yaml-syntax", "row-missing-field", "vocab-mismatch"])
+def test_a_real_subprocess_prints_the_same_one_message(case_id, tmp_path, tiny_model_dir):
+    case = next(c for c in CASES if c.id == case_id)
+    r = subprocess.run([str(BIN / "posttrain"), *case.args(tmp_path, tiny_model_dir)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and case.expect in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def errors_markdown() -> str:
+    """docs/errors.md: every case with the message the CLI printed for it (run against a fresh tiny model)."""
+    from posttrain.models.tiny import build_tiny_model
+
+    lines = ["# Bad inputs and their messages", "",
+             "Every case below is a test in `tests/test_bad_inputs.py`: the CLI exits with code 2 and prints this one",
+             "message (no traceback). Paths are from the test's temporary directory. Regenerate with",
+             "`python tests/test_bad_inputs.py > docs/errors.md`.", "",
+             "Other exit codes: 0 success; 75 preempted (SIGTERM): a checkpoint was written, rerun with `--resume`;",
+             "1 a bug (a traceback: please report it).", "",
+             "| # | bad input | message |", "|---|---|---|"]
+    runner = CliRunner()
+    with tempfile.TemporaryDirectory() as d:
+        model = str(build_tiny_model(Path(d) / "model", "1m", seed=0))
+        for i, case in enumerate(CASES, 1):
+            tmp = Path(d) / case.id
+            tmp.mkdir()
+            out = runner.invoke(app, case.args(tmp, model)).output.strip().removeprefix("error: ")
+            msg = " ".join(out.replace(d, "<tmp>").split()).replace("|", "\\|")
+            lines.append(f"| {i} | {case.what} | {msg} |")
+    lines.append(f"| {len(CASES) + 1} | disk too small for a checkpoint (1 MiB tmpfs) | runs_dir: <mnt>/bad has 1.0 "
+                 "MiB free, but one checkpoint of <model> needs about 13.2 MiB -> free disk space or point runs_dir at "
+                 "a larger disk |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(errors_markdown())
