@@ -124,3 +124,21 @@ def test_rm_train_cli_bad_row_is_one_message_exit_2(tmp_path, tiny_model_dir):
     assert result.exit_code == 2
     text = " ".join(result.output.split())  # rich wraps long paths
     assert "prefs.jsonl line 2: missing field(s) chosen" in text and "Traceback" not in text
+
+
+def test_rm_train_cli_shows_progress_off_a_terminal(tmp_path, tiny_model_dir):
+    """Off a terminal (CliRunner is not a TTY) the progress bar falls back to plain lines; --quiet silences them."""
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    p = tmp_path / "prefs.jsonl"
+    p.write_text("".join('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n' for _ in range(20)))
+    args = ["rm", "train", f"rm.data={p}", f"rm.base={tiny_model_dir}", f"rm.out={tmp_path / 'rm'}",
+            "rm.batch_size=6", "rm.epochs=2", "rm.heldout_fraction=0.1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    # 18 training pairs in batches of 6 -> 3 steps per epoch, 6 in all; the last update always prints.
+    assert "[rm train] 6/6 loss=" in result.output
+    quiet = CliRunner().invoke(app, [*args, "--quiet"])
+    assert quiet.exit_code == 0 and "[rm train]" not in quiet.output

@@ -35,14 +35,26 @@ def _results_json(model: str, model_hash: str, results, wall: float) -> dict:
             "suites": [r.to_json() for r in results]}
 
 
-def run_eval(model: str, suites: list[str], out: Path, evaluator) -> dict:
+def _suite_progress(description: str, total: int, quiet: bool):
+    """A progress bar over suites (rate and ETA on a terminal, plain lines otherwise) and its per-suite callback."""
+    from posttrain.progress import StepProgress
+
+    bar = StepProgress(description, total, enabled=not quiet, fields=("suite", "mean"))
+    return bar, lambda done, r: bar.update(done, suite=r.suite, mean=float(r.summary["mean"]))
+
+
+def run_eval(model: str, suites: list[str], out: Path, evaluator, quiet: bool = True) -> dict:
     from posttrain.evals.report import eval_report
     from posttrain.evals.runner import evaluate
     from posttrain.evals.suites import load_suites
 
     loaded = load_suites(suites)
     start = time.perf_counter()
-    results = evaluate(model, loaded, evaluator)
+    bar, on_suite = _suite_progress("eval", len(loaded), quiet)
+    try:
+        results = evaluate(model, loaded, evaluator, on_suite)
+    finally:
+        bar.close()
     doc = _results_json(model, evaluator.model_hash, results, time.perf_counter() - start)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=1))
@@ -60,11 +72,13 @@ def eval_cmd(
     max_model_len: int = typer.Option(128, "--max-model-len", help="Longest prompt + completion (tokens)."),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir", help="Results cache (default ~/.cache/posttrain/evals)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Generate even when cached results exist."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar (plain lines are printed off a terminal anyway)."),
 ):
     """Evaluate a model on suites: results.json (per-sample records, per-suite mean and SE) and report.html."""
     from rich.console import Console
 
-    doc = run_eval(model, suite, Path(out), _evaluator(engine, dtype, max_model_len, cache_dir, no_cache))
+    doc = run_eval(model, suite, Path(out), _evaluator(engine, dtype, max_model_len, cache_dir, no_cache),
+                   quiet=quiet)
     console = Console()
     for r in doc["suites"]:
         s = r["summary"]
@@ -76,7 +90,7 @@ def eval_cmd(
 
 
 def run_compare(model_a: str, model_b: str, suites: list[str], out: Path, evaluator, *, margin: float,
-                alpha: float, seed: int) -> tuple[list, str]:
+                alpha: float, seed: int, quiet: bool = True) -> tuple[list, str]:
     from posttrain.evals.compare import biggest_changes, compare_suites, markdown_summary, rows_to_json
     from posttrain.evals.report import compare_report
     from posttrain.evals.runner import evaluate
@@ -84,9 +98,13 @@ def run_compare(model_a: str, model_b: str, suites: list[str], out: Path, evalua
 
     loaded = load_suites(suites)
     start = time.perf_counter()
-    res_a = evaluate(model_a, loaded, evaluator)
-    hash_a = evaluator.model_hash
-    res_b = evaluate(model_b, loaded, evaluator)
+    bar, on_suite = _suite_progress("compare", 2 * len(loaded), quiet)
+    try:
+        res_a = evaluate(model_a, loaded, evaluator, on_suite)
+        hash_a = evaluator.model_hash
+        res_b = evaluate(model_b, loaded, evaluator, lambda done, r: on_suite(len(loaded) + done, r))
+    finally:
+        bar.close()
     wall = time.perf_counter() - start
     rows = compare_suites({a.suite: (a.records, b.records) for a, b in zip(res_a, res_b)},
                           margin=margin, alpha=alpha, seed=seed)
@@ -117,13 +135,14 @@ def compare_cmd(
     max_model_len: int = typer.Option(128, "--max-model-len"),
     cache_dir: Optional[str] = typer.Option(None, "--cache-dir"),
     no_cache: bool = typer.Option(False, "--no-cache"),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar (plain lines are printed off a terminal anyway)."),
 ):
     """Paired comparison of B against A on identical samples; exit code 1 when B significantly regresses."""
     from posttrain.evals.compare import any_regression
 
     rows, md = run_compare(model_a, model_b, suite, Path(out),
                            _evaluator(engine, dtype, max_model_len, cache_dir, no_cache),
-                           margin=margin, alpha=alpha, seed=seed)
+                           margin=margin, alpha=alpha, seed=seed, quiet=quiet)
     typer.echo(md)
     if any_regression(rows):
         raise typer.Exit(1)

@@ -42,13 +42,26 @@ def rm_pairs(
 def rm_train(
     config: Optional[str] = typer.Argument(None, help="YAML run config (default: built-in)."),
     overrides: list[str] = typer.Argument(None),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar (plain lines are printed off a terminal anyway)."),
 ):
     """Train a Bradley-Terry reward model on rm.data from rm.base; writes rm.out with its reward mean/std."""
     from posttrain.rewards.rm_train import train_reward_model
 
     config, overrides = _split_config_args(config, overrides or [])
     cfg = load_config(config, overrides)
-    result = train_reward_model(cfg, log=lambda m: err_console.print(m, highlight=False))
+    from posttrain.progress import StepProgress
+
+    bar = StepProgress("rm train", 1, enabled=not quiet, fields=("loss",))
+
+    def progress(done: int, total: int, loss: float) -> None:
+        if total != bar.total:
+            bar.set_total(total)
+        bar.update(done, loss=loss)
+
+    try:
+        result = train_reward_model(cfg, log=bar.log, progress=progress)
+    finally:
+        bar.close()
     console.print(f"reward model: held-out pairwise accuracy {result.heldout_accuracy:.3f}, mean margin "
                   f"{result.heldout_margin:.3f} ({result.heldout_pairs} pairs), reward mean {result.reward_mean:.3f} "
                   f"std {result.reward_std:.3f}, {result.wall_seconds:.1f} s; written to {result.out_dir}")

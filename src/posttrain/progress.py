@@ -35,6 +35,12 @@ class StepProgress:
             extras = " ".join(f"{k}={v}" for k, v in shown.items())
             print(f"[{self.description}] {completed}/{self.total} {extras}", file=sys.stderr, flush=True)
 
+    def set_total(self, total: int) -> None:
+        """For work whose size is known only once it starts (e.g. optimizer steps after the data is read)."""
+        self.total = total
+        if self.fancy:
+            self._progress.update(self._task, total=total)
+
     def log(self, message: str) -> None:
         """Messages a user must see (resume point, skipped checkpoints) print even when the bar is off."""
         if self.fancy:

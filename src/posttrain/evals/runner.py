@@ -197,6 +197,12 @@ def weights_bytes(model_dir: str | Path) -> bytes:
     return export_weights(model)
 
 
-def evaluate(model_dir: str | Path, suites: list[Suite], evaluator: ModelEvaluator) -> list[SuiteResult]:
+def evaluate(model_dir: str | Path, suites: list[Suite], evaluator: ModelEvaluator, on_suite=None) -> list[SuiteResult]:
+    """on_suite(done, result): called after each suite (the CLI's progress bar)."""
     evaluator.use_model(model_dir)
-    return [evaluator.run(s) for s in suites]
+    results = []
+    for s in suites:
+        results.append(evaluator.run(s))
+        if on_suite is not None:
+            on_suite(len(results), results[-1])
+    return results

@@ -141,18 +141,20 @@ def evaluate_pairs(model, encoded, pad_id: int, batch_size: int) -> tuple[torch.
     return torch.cat(out_c), torch.cat(out_r)
 
 
-def train_reward_model(cfg: "RunConfig", log: Callable[[str], None] = lambda m: None) -> RMResult:
+def train_reward_model(cfg: "RunConfig", log: Callable[[str], None] = lambda m: None,
+                       progress: Callable[[int, int, float], None] | None = None) -> RMResult:
     """Trains on cfg.rm.data from cfg.rm.base and writes cfg.rm.out (replaced whole). Uses
-    topology.torch_threads intra-op threads (restored on return)."""
+    topology.torch_threads intra-op threads (restored on return). progress(done, total, loss) is called after each
+    optimizer step."""
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.topology.torch_threads)
     try:
-        return _train(cfg, log)
+        return _train(cfg, log, progress or (lambda done, total, loss: None))
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(cfg: "RunConfig", log) -> RMResult:
+def _train(cfg: "RunConfig", log, progress) -> RMResult:
     from posttrain.training.sft import save_model_dir
 
     t0 = time.perf_counter()
@@ -170,6 +172,7 @@ def _train(cfg: "RunConfig", log) -> RMResult:
     optimizer = torch.optim.AdamW(model.parameters(), lr=rm.lr, weight_decay=0.0)
     rng = random.Random(cfg.seed)
     history = []
+    total_steps, done = rm.epochs * -(-len(train_set) // rm.batch_size), 0
     for epoch in range(rm.epochs):
         model.train()
         order = list(range(len(train_set)))
@@ -184,6 +187,8 @@ def _train(cfg: "RunConfig", log) -> RMResult:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             losses.append(loss.item())
+            done += 1
+            progress(done, total_steps, losses[-1])
         model.eval()
         h_c, h_r = evaluate_pairs(model, held_set, pad_id, 2 * rm.batch_size)
         rec = {"epoch": epoch + 1, "loss": sum(losses) / len(losses), "heldout_accuracy": pairwise_accuracy(h_c, h_r),
