@@ -61,6 +61,30 @@ def test_preference_file_errors_name_file_and_row(tmp_path):
     assert pairs[0].prompt == chat and pairs[0].margin == 0.5 and pairs[1].chosen == "2"
 
 
+def test_parquet_preferences_with_chat_messages_and_row_errors(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chat = [{"role": "user", "content": "12+3="}]
+    good = tmp_path / "prefs.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"prompt": "12+3=", "chosen": "15", "rejected": "16"},
+        {"prompt": "1+1=", "chosen": "2", "rejected": "3"},
+    ]), good)
+    pairs = read_preferences(good)
+    assert [p.chosen for p in pairs] == ["15", "2"] and pairs[1].prompt == "1+1="
+    msgs = tmp_path / "msgs.parquet"  # chat-format columns as lists of {role, content} structs
+    row = {"prompt": chat, "chosen": [{"role": "assistant", "content": "15"}],
+           "rejected": [{"role": "assistant", "content": "16"}]}
+    pq.write_table(pa.Table.from_pylist([row, row]), msgs)
+    assert read_preferences(msgs)[0].prompt == chat
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "chosen": "b", "rejected": "c"},
+                                         {"prompt": "a", "chosen": "b", "rejected": None}]), bad)
+    with pytest.raises(PosttrainError, match=r"bad.parquet row 2"):
+        read_preferences(bad)
+
+
 def test_gold_pairs_follow_the_gold_function_with_the_asked_noise():
     task = load_task(load_config(None, ["task.train_size=500", "task.heldout_size=50"]).task, 0)
     rows = gold_pairs(task.train, "addition", 2000, label_noise=0.1, seed=0)
