@@ -49,7 +49,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except PosttrainError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)  # paths stay whole for copy-paste
             raise typer.Exit(EXIT_USER_ERROR)
 
     return wrapper
@@ -83,7 +83,7 @@ def train(
     try:
         summary = run_train(cfg, resume=resume, progress=not quiet)
     except Preempted as e:
-        err_console.print(str(e), highlight=False)
+        err_console.print(str(e), highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_PREEMPTED) from None
     print_summary(summary)
 
