@@ -113,10 +113,12 @@ def rayjob_manifest(cfg: RunConfig, config_path: str, cluster: Cluster, image: s
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": 600,
         "backoffLimit": 2,
+        # The submitter runs beside the head in its pod, so the dashboard stays bound to loopback (KubeRay >= 1.3).
+        "submissionMode": "SidecarMode",
         "runtimeEnvYAML": yaml.safe_dump({"working_dir": ".", "pip": ["posttrain[gpu]"]}),
         "rayClusterSpec": {
             "rayVersion": "2.60.0",
-            "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0"}, "template": pod("ray-head")},
+            "headGroupSpec": {"rayStartParams": {"dashboard-host": "127.0.0.1"}, "template": pod("ray-head")},
         },
     }
     if cluster.nodes > 1:
