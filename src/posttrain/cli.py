@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # `python -m posttrain.cli`: run the one importable module, so the command modules
-    import sys          # (cli_rm, cli_dpo, ...) that import posttrain.cli share it instead of a second copy
-
-    from posttrain.cli import main
-
-    sys.exit(main())
-
-import functools
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from posttrain.cli_common import console, err_console, print_summary, split_config_args, user_errors
 from posttrain.config import dump_config, load_config
 from posttrain.errors import PosttrainError
 from posttrain.preemption import EXIT_PREEMPTED, Preempted
@@ -27,10 +17,6 @@ config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
 model_app = typer.Typer(no_args_is_help=True, help="Build model directories.")
 app.add_typer(config_app, name="config")
 app.add_typer(model_app, name="model")
-console = Console()
-err_console = Console(stderr=True)
-
-EXIT_USER_ERROR = 2
 
 
 @app.callback()
@@ -41,25 +27,6 @@ def _setup() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no per-load/save bars under ours
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def user_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except PosttrainError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)  # paths stay whole for copy-paste
-            raise typer.Exit(EXIT_USER_ERROR)
-
-    return wrapper
-
-
-def _split_config_args(config: Optional[str], overrides: list[str]) -> tuple[Optional[str], list[str]]:
-    """Lets the config path be omitted: `posttrain demo a.b=1` treats a.b=1 as an override."""
-    if config is not None and "=" in config and not Path(config).exists():
-        return None, [config, *overrides]
-    return config, overrides
 
 
 @app.command()
@@ -101,7 +68,7 @@ def sft(
     from posttrain.demo import run_sft_with_progress
     from posttrain.models.tiny import build_tiny_model
 
-    config, overrides = _split_config_args(config, overrides or [])
+    config, overrides = split_config_args(config, overrides or [])
     cfg = load_config(config, overrides)
     if base is None:
         base = str(build_tiny_model(cfg.run_dir / "base-model", "1m", seed=cfg.seed))
@@ -132,7 +99,7 @@ def config_show(
     overrides: list[str] = typer.Argument(None),
 ):
     """Print the resolved config, defaults filled in."""
-    config, overrides = _split_config_args(config, overrides or [])
+    config, overrides = split_config_args(config, overrides or [])
     sys.stdout.write(dump_config(load_config(config, overrides)))
 
 
@@ -170,27 +137,6 @@ def _register_view() -> None:
 _register_view()
 
 
-def print_summary(summary: dict) -> None:
-    table = Table(title=f"run {summary.get('name')}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.2e}" if v and abs(v) < 1e-2 else f"{v:.3f}"
-        return str(v)
-
-    for key in ("steps", "heldout_accuracy_before", "heldout_accuracy_after", "mean_step_seconds", "logprob_gap_mean",
-                "train_wall_seconds", "wall_seconds", "sft_steps", "sft_seconds"):
-        if summary.get(key) is not None:
-            table.add_row(key, fmt(summary[key]))
-    for k, v in (summary.get("step_time_split") or {}).items():
-        table.add_row(f"step time: {k}", f"{100 * v:.1f}%")
-    if summary.get("final_checkpoint"):
-        table.add_row("final checkpoint", summary["final_checkpoint"])
-    console.print(table)
-
-
 from posttrain.cli_topology import register as _register_topology  # noqa: E402  (plan, cost, launch)
 
 _register_topology(app, user_errors)
@@ -199,7 +145,7 @@ from posttrain.cli_dpo import dpo as _dpo  # noqa: E402  (its own module: the co
 
 app.command("dpo")(user_errors(_dpo))
 
-from posttrain.cli_rm import rm_app  # noqa: E402 — registered after the shared helpers it imports exist
+from posttrain.cli_rm import rm_app  # noqa: E402
 
 app.add_typer(rm_app, name="rm")
 

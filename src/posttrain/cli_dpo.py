@@ -13,17 +13,17 @@ def dpo(
     quiet: bool = typer.Option(False, "--quiet"),
 ):
     """Offline DPO from preference pairs (dpo.pairs: jsonl of prompt, chosen, rejected) starting at model.path."""
-    from posttrain.cli import _split_config_args, console, print_summary
+    from posttrain.cli_common import console, print_summary, split_config_args
     from posttrain.config import load_config
 
-    config, overrides = _split_config_args(config, overrides or [])
+    config, overrides = split_config_args(config, overrides or [])
     cfg = load_config(config, ["algorithm.name=dpo", *overrides])
     print_summary(run(cfg, quiet))
     console.print(f"summary: {cfg.run_dir / 'summary.json'}")
 
 
 def run(cfg, quiet: bool = False) -> dict:
-    from posttrain.cli import err_console
+    from posttrain.cli_common import err_console
     from posttrain.training.dpo import run_dpo
 
     return run_dpo(cfg, log=(lambda m: None) if quiet else (lambda m: err_console.print(m, highlight=False)))

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from posttrain.cli import _split_config_args, console, err_console, user_errors
+from posttrain.cli_common import console, split_config_args, user_errors
 from posttrain.config import load_config
 
 rm_app = typer.Typer(no_args_is_help=True, help="Reward models: preference pairs and Bradley-Terry training.")
@@ -28,7 +28,7 @@ def rm_pairs(
     from posttrain.rewards.preferences import gold_pairs, write_jsonl
     from posttrain.tasks import load_task
 
-    config, overrides = _split_config_args(config, overrides or [])
+    config, overrides = split_config_args(config, overrides or [])
     cfg = load_config(config, overrides)
     task = load_task(cfg.task, cfg.seed)
     rows = gold_pairs(task.train, cfg.task.name, cfg.rm.pairs, cfg.rm.label_noise, cfg.seed)
@@ -47,7 +47,7 @@ def rm_train(
     """Train a Bradley-Terry reward model on rm.data from rm.base; writes rm.out with its reward mean/std."""
     from posttrain.rewards.rm_train import train_reward_model
 
-    config, overrides = _split_config_args(config, overrides or [])
+    config, overrides = split_config_args(config, overrides or [])
     cfg = load_config(config, overrides)
     from posttrain.progress import StepProgress
 

@@ -61,11 +61,11 @@ def register(app: typer.Typer, user_errors) -> None:
         out: Optional[str] = typer.Option(None, "--out", help="Write the plan as JSON here."),
     ):
         """Plan where the roles go: memory per device, feasibility, step time and cost for each layout."""
-        from posttrain.cli import _split_config_args
+        from posttrain.cli_common import split_config_args
         from posttrain.config import load_config
         from posttrain.topology.from_config import plan_document, plan_for_config
 
-        config, overrides = _split_config_args(config, overrides or [])
+        config, overrides = split_config_args(config, overrides or [])
         cfg = load_config(config, overrides)
         inp, plans, chosen = plan_for_config(cfg, cluster=cluster, policy_config=policy_config,
                                              prompt_tokens=prompt_tokens, usd_per_device_hour=price, price_file=prices)
