@@ -16,13 +16,31 @@ def test_pairs_round_trip_and_errors_name_the_line(tmp_path):
     assert read_pairs(p) == [PreferencePair("1+2=", "3", "4")]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n')
-    with pytest.raises(PosttrainError, match=r"bad.jsonl, line 2: missing or non-string field\(s\) rejected"):
+    with pytest.raises(PosttrainError, match=r"bad.jsonl line 2: missing field\(s\) rejected"):
+        read_pairs(bad)
+    bad.write_text('{"prompt": "a", "chosen": 3, "rejected": "c"}\n')
+    with pytest.raises(PosttrainError, match=r"bad.jsonl line 1: field 'chosen' must be a string or"):
         read_pairs(bad)
     bad.write_text("{not json\n")
     with pytest.raises(PosttrainError, match="line 1: not valid JSON"):
         read_pairs(bad)
-    with pytest.raises(PosttrainError, match="does not exist"):
+    with pytest.raises(PosttrainError, match="dpo.pairs: preference file .* does not exist"):
         read_pairs(tmp_path / "missing.jsonl")
+
+
+def test_chat_format_pairs_encode_the_prompt_turns_and_the_assistant_text(tmp_path, tiny_model_dir):
+    from posttrain.models.loading import PromptEncoder, load_tokenizer
+    from posttrain.training.dpo import encode_completion
+
+    p = tmp_path / "chat.jsonl"
+    p.write_text('{"prompt": [{"role": "user", "content": "1+2="}], "chosen": [{"role": "assistant", "content": "3"}],'
+                 ' "rejected": "4"}\n')
+    (pair,) = read_pairs(p)
+    enc = PromptEncoder(load_tokenizer(tiny_model_dir), "never")
+    # Without a chat template a one-turn prompt encodes exactly like the plain string, and the assistant turn's
+    # text like a plain completion: the same ids a string row would give.
+    assert enc.encode(pair.prompt) == enc.encode("1+2=")
+    assert encode_completion(enc, pair.chosen) == encode_completion(enc, "3")
 
 
 def test_near_miss_is_one_digit_off_and_never_the_answer():

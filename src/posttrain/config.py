@@ -288,7 +288,7 @@ class SFTConfig(_Section):
 class DPOConfig(_Section):
     """Offline DPO (`posttrain dpo`): steps are train.steps, learning rate algorithm.lr, beta algorithm.dpo_beta."""
 
-    pairs: str | None = Field(None, description="jsonl of {prompt, chosen, rejected} rows (strings) to train on.")
+    pairs: str | None = Field(None, description="jsonl or parquet of {prompt, chosen, rejected} rows (strings or chat-format turns), the same format as rm.data.")
     batch_size: int = Field(32, gt=0, description="Preference pairs per optimizer step.")
 
 

@@ -81,14 +81,15 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.use_chat = mode == "auto" and bool(getattr(tokenizer, "chat_template", None))
 
-    def encode(self, prompt: str) -> list[int]:
+    def encode(self, prompt: str | list[dict]) -> list[int]:
+        """A prompt string, or a chat-format list of {role, content} turns (joined by spaces without a template)."""
+        turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         if self.use_chat:
             # Render, then tokenize without adding special tokens: the template already places them.
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-            )
+            text = self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        text = prompt if isinstance(prompt, str) else " ".join(t["content"] for t in turns)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode_completion(self, token_ids: list[int]) -> str:
         """Text of a completion up to (not including) the first EOS/pad token."""

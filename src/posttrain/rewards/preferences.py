@@ -60,17 +60,18 @@ def parse_row(row, where: str) -> PreferencePair:
     return PreferencePair(*(_check_text(row[k], k, where) for k in ("prompt", "chosen", "rejected")), float(margin))
 
 
-def read_preferences(path: str | Path) -> list[PreferencePair]:
-    """Reads a .jsonl or .parquet preference file; errors name the file and the 1-based row (line)."""
+def read_preferences(path: str | Path, field: str = "rm.data", min_pairs: int = 2) -> list[PreferencePair]:
+    """Reads a .jsonl or .parquet preference file (for the reward model, rm.data, or DPO, dpo.pairs); errors name
+    the config field, the file and the 1-based row (line)."""
     p = Path(path)
     if not p.is_file():
-        raise PosttrainError(f"rm.data: preference file {p} does not exist",
-                             hint="point rm.data at a .jsonl/.parquet file, or make one with `posttrain rm pairs`")
+        raise PosttrainError(f"{field}: preference file {p} does not exist",
+                             hint=f"point {field} at a .jsonl/.parquet file, or make one with `posttrain rm pairs`")
     if p.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise PosttrainError(f"rm.data: reading {p} needs pyarrow", hint="pip install pyarrow, or use jsonl") from None
+            raise PosttrainError(f"{field}: reading {p} needs pyarrow", hint="pip install pyarrow, or use jsonl") from None
         rows = pq.read_table(p).to_pylist()
         pairs = [parse_row(r, f"{p} row {i + 1}") for i, r in enumerate(rows)]
     else:
@@ -83,8 +84,9 @@ def read_preferences(path: str | Path) -> list[PreferencePair]:
             except json.JSONDecodeError as e:
                 raise PosttrainError(f"{p} line {i + 1}: not valid JSON ({e.msg})") from None
             pairs.append(parse_row(row, f"{p} line {i + 1}"))
-    if len(pairs) < 2:
-        raise PosttrainError(f"rm.data: {p} holds {len(pairs)} preference pair(s); need at least 2")
+    if len(pairs) < min_pairs:
+        raise PosttrainError(f"{field}: {p} holds {len(pairs)} preference pair(s); need at least {min_pairs}",
+                             hint='add rows of {"prompt", "chosen", "rejected"}')
     return pairs
 
 

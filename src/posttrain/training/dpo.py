@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,40 +21,22 @@ from posttrain.algorithms.dpo import dpo_loss, implicit_reward
 from posttrain.config import RunConfig
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import PromptEncoder, load_causal_lm
-from posttrain.tasks.jsonl import jsonl_rows
+from posttrain.rewards.preferences import PreferencePair, read_preferences
 from posttrain.training.batch import completion_logprobs, pack
 
 REF_CHUNK = 256  # pairs per no-grad reference forward
 
 
-@dataclass(frozen=True)
-class PreferencePair:
-    prompt: str
-    chosen: str
-    rejected: str
-
-
-def read_pairs(path: str | Path, field: str = "dpo.pairs") -> list[PreferencePair]:
-    """Rows {"prompt", "chosen", "rejected"} (strings) of a jsonl file; errors name the file and line."""
-    p = Path(path)
-    if not p.is_file():
-        raise PosttrainError(f"{field}: preference file {p} does not exist", hint="point it at a .jsonl of pairs")
-    pairs = []
-    for lineno, row in jsonl_rows(p):
-        missing = [k for k in ("prompt", "chosen", "rejected") if not isinstance(row, dict) or not isinstance(row.get(k), str)]
-        if missing:
-            raise PosttrainError(f"{p}, line {lineno}: missing or non-string field(s) {', '.join(missing)}",
-                                 hint="each row needs string fields 'prompt', 'chosen' and 'rejected'")
-        pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"]))
-    if not pairs:
-        raise PosttrainError(f"{p}: no preference pairs", hint='add rows of {"prompt", "chosen", "rejected"}')
-    return pairs
+def read_pairs(path: str | Path) -> list[PreferencePair]:
+    """The reward model's reader (jsonl or parquet; strings or chat-format turns), with errors naming dpo.pairs."""
+    return read_preferences(path, field="dpo.pairs", min_pairs=1)
 
 
 def write_pairs(pairs: list[PreferencePair], path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("".join(json.dumps(vars(x)) + "\n" for x in pairs))
+    p.write_text("".join(json.dumps({"prompt": x.prompt, "chosen": x.chosen, "rejected": x.rejected}) + "\n"
+                         for x in pairs))
     return p
 
 
@@ -72,8 +53,11 @@ def pairs_from_task(problems, n: int, seed: int) -> list[PreferencePair]:
     return [PreferencePair(p.prompt, p.answer, near_miss(p.answer, rng)) for p in problems[:n]]
 
 
-def encode_completion(encoder: PromptEncoder, text: str) -> list[int]:
-    """Completion text -> token ids with EOS appended (a finished answer, as the engines return it)."""
+def encode_completion(encoder: PromptEncoder, text: str | list[dict]) -> list[int]:
+    """Completion text (or its chat-format assistant turns, joined by newlines) -> token ids with EOS appended (a
+    finished answer, as the engines return it)."""
+    if not isinstance(text, str):
+        text = "\n".join(t["content"] for t in text)
     return list(encoder.tokenizer(text, add_special_tokens=False)["input_ids"]) + [encoder.tokenizer.eos_token_id]
 
 
