@@ -280,8 +280,9 @@ def errors_markdown() -> str:
              "Every case below is a test in `tests/test_bad_inputs.py`: the CLI exits with code 2 and prints this one",
              "message (no traceback). Paths are from the test's temporary directory. Regenerate with",
              "`python tests/test_bad_inputs.py > docs/errors.md`.", "",
-             "Other exit codes: 0 success; 75 preempted (SIGTERM): a checkpoint was written, rerun with `--resume`;",
-             "1 a bug (a traceback: please report it).", "",
+             "Other exit codes: 0 success; 75 preempted (SIGTERM): a checkpoint of the last completed step was written",
+             "within `checkpoint.grace_seconds`, rerun with `--resume` (see docs/reliability.md); 1 a bug (a traceback:",
+             "please report it).", "",
              "| # | bad input | message |", "|---|---|---|"]
     runner = CliRunner()
     with tempfile.TemporaryDirectory() as d:

@@ -316,7 +316,9 @@ def save_checkpoint(cfg: RunConfig, roles, state: RunState) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise PosttrainError(f"checkpoint at step {state.step}: no space left on the disk of {root}",
                              hint="free disk space, lower checkpoint.keep_last, then continue with --resume") from None
-    ckpt.prune_checkpoints(root, cfg.checkpoint.keep_last)
+    best = ckpt.best_checkpoint(root, {e["step"]: e["heldout_accuracy"] for e in state.eval_history}) \
+        if cfg.checkpoint.keep_best else None
+    ckpt.prune_checkpoints(root, cfg.checkpoint.keep_last, protect=(best,) if best else ())
     return final
 
 

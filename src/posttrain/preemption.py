@@ -106,7 +106,8 @@ class SigtermWatch:
 
     def point_of_no_return(self) -> None:
         self._abandonable = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        if self._previous:  # installed: the SIGALRM timer is ours
+            signal.setitimer(signal.ITIMER_REAL, 0)
 
     def end_step(self) -> None:
         self.point_of_no_return()
