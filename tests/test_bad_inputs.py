@@ -75,20 +75,35 @@ def _as_bin(d: Path) -> None:
     (d / "model.safetensors").rename(d / "pytorch_model.bin")
 
 
-def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: bool = False) -> list[str]:
-    """A run dir holding one checkpoint whose state.json carries `fingerprint` (default: the config's own)."""
+def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: bool = False,
+                extra: tuple[str, ...] = (), data: str | None = None) -> list[str]:
+    """A run dir holding one checkpoint whose state.json carries `fingerprint` (default: the config's own) and the
+    data fingerprint `data` (none: a checkpoint from before data fingerprints)."""
     from posttrain.config import load_config
     from posttrain.training import checkpoint as ckpt
 
-    args = _good(tmp, model)
-    cfg = load_config(args[1], SMALL)
+    args = _good(tmp, model, *extra)
+    cfg = load_config(args[1], [*SMALL, *extra])
     tmp_dir = ckpt.begin_checkpoint(cfg.run_dir / "checkpoints", 2)
     state = {"step": 2, "cursor": {"epoch": 0, "offset": 64}, "eval_history": [],
-             "config_fingerprint": fingerprint or cfg.fingerprint()}
+             "config_fingerprint": fingerprint or cfg.fingerprint(), "data_fingerprint": data}
     (tmp_dir / "state.json").write_text(json.dumps(state))
     final = ckpt.finalize_checkpoint(tmp_dir, 2)
     if corrupt:
         (final / "state.json").write_text(json.dumps({**state, "step": 3}))  # bytes no longer match the manifest
+    return args
+
+
+def _checkpoint_then_edit_data(tmp: Path, model: str) -> list[str]:
+    """A checkpoint of a jsonl run with the data's true fingerprint; then one row of the file changes."""
+    from posttrain.config import load_config
+    from posttrain.rollout.sampler import data_fingerprint
+    from posttrain.tasks import load_task
+
+    extra = ("task.name=jsonl", f"task.path={_dataset(tmp, _rows(40))}", "task.heldout_size=5")
+    cfg = load_config(None, [*SMALL, *extra])
+    args = _checkpoint(tmp, model, extra=extra, data=data_fingerprint(load_task(cfg.task, cfg.seed).train))
+    _dataset(tmp, _rows(39) + [json.dumps({"prompt": "39+1=", "answer": "41"})])
     return args
 
 
@@ -188,6 +203,8 @@ CASES = [
     Case("resume-incompatible", "--resume with an incompatible config",
          lambda t, m: [*_checkpoint(t, m, fingerprint="0123456789abcdef"), "--resume"],
          "--resume: the config's model/task/algorithm/seed differ from the checkpoint"),
+    Case("resume-data-changed", "--resume after the dataset file changed (here: one row edited)",
+         lambda t, m: [*_checkpoint_then_edit_data(t, m), "--resume"], "--resume: the training data of task.path"),
     Case("tiny-size", "unknown tiny model size", lambda t, m: ["model", "tiny", str(t / "m"), "--size", "7b"],
          "--size: unknown size '7b'"),
 ]
@@ -245,6 +262,16 @@ def test_a_real_subprocess_prints_the_same_one_message(case_id, tmp_path, tiny_m
     assert "Traceback" not in r.stdout + r.stderr
 
 
+def test_the_docs_table_lists_every_case_in_order():
+    """docs/errors.md is generated from CASES (see errors_markdown): a case added without regenerating it fails here."""
+    rows = [line.split(" | ") for line in (Path(__file__).parents[1] / "docs" / "errors.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| #")]
+    assert [r[1] for r in rows[:len(CASES)]] == [c.what for c in CASES], "regenerate docs/errors.md"
+    assert len(rows) == len(CASES) + 1  # + the disk-full case, which needs a tmpfs mount
+    for row, case in zip(rows, CASES):
+        assert " ".join(case.expect.split()) in row[2].replace("\\|", "|"), (case.id, row[2])
+
+
 def errors_markdown() -> str:
     """docs/errors.md: every case with the message the CLI printed for it (run against a fresh tiny model)."""
     from posttrain.models.tiny import build_tiny_model
@@ -253,8 +280,9 @@ def errors_markdown() -> str:
              "Every case below is a test in `tests/test_bad_inputs.py`: the CLI exits with code 2 and prints this one",
              "message (no traceback). Paths are from the test's temporary directory. Regenerate with",
              "`python tests/test_bad_inputs.py > docs/errors.md`.", "",
-             "Other exit codes: 0 success; 75 preempted (SIGTERM): a checkpoint was written, rerun with `--resume`;",
-             "1 a bug (a traceback: please report it).", "",
+             "Other exit codes: 0 success; 75 preempted (SIGTERM): a checkpoint of the last completed step was written",
+             "within `checkpoint.grace_seconds`, rerun with `--resume` (see docs/reliability.md); 1 a bug (a traceback:",
+             "please report it).", "",
              "| # | bad input | message |", "|---|---|---|"]
     runner = CliRunner()
     with tempfile.TemporaryDirectory() as d:

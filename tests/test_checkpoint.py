@@ -84,3 +84,25 @@ def test_rewriting_a_step_replaces_it_whole(tmp_path):
     path = write(tmp_path, 4, b"new")
     assert (path / "model" / "model.safetensors").read_bytes().startswith(b"new")
     ckpt.verify_checkpoint(path)
+
+
+def test_keep_best_keeps_the_best_valid_one_and_never_the_only_valid_one(tmp_path):
+    for s in (1, 2, 3, 4):
+        write(tmp_path, s)
+    scores = {1: 0.2, 2: 0.6, 3: 0.6, 4: 0.1}  # steps 2 and 3 tie: the newer one (3) is the best
+    best = ckpt.best_checkpoint(tmp_path, scores)
+    assert best.name == "step_000003"
+    ckpt.prune_checkpoints(tmp_path, keep_last=1, protect=(best,))
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000003", "step_000004"]
+    # a corrupted best is not the best: the best valid one is
+    (tmp_path / "step_000003" / "state.json").write_text("corrupt")
+    assert ckpt.best_checkpoint(tmp_path, scores).name == "step_000004"
+    assert ckpt.best_checkpoint(tmp_path, {3: 0.6}) is None
+    # the newest and the best both corrupt, one older valid checkpoint: keep_last=1 keeps the newest (corrupt)
+    # one by count and the only valid one by the rule; the corrupt best goes
+    (tmp_path / "step_000004" / "state.json").write_text("corrupt")
+    write(tmp_path, 1)
+    removed = ckpt.prune_checkpoints(tmp_path, keep_last=1)
+    assert [p.name for p in removed] == ["step_000003"]
+    ckpt.verify_checkpoint(tmp_path / "step_000001")
+    assert ckpt.latest_valid_checkpoint(tmp_path, warn=lambda m: None).name == "step_000001"

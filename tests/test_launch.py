@@ -70,3 +70,30 @@ def test_launch_errors_are_one_message(tmp_path):
     assert r.exit_code == 2 and "not one of" in r.output
     r = CliRunner().invoke(app, ["launch", CONFIG, "--target", "ray"])
     assert r.exit_code == 2 and "needs --address" in r.output
+
+
+def test_the_launched_command_resumes_exactly_when_a_checkpoint_exists(tmp_path):
+    """The generated shell line, run by bash: `posttrain` is a stand-in that prints its arguments (the real CLI
+    would need Ray), the checkpoint a real one from training/checkpoint.py."""
+    from posttrain.orchestration.launch import train_command
+    from posttrain.training import checkpoint as ckpt
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "posttrain").write_text('#!/bin/sh\necho "$@"\n')
+    (bin_dir / "posttrain").chmod(0o755)
+    runs = tmp_path / "runs"
+    line = train_command("run.yaml", str(runs))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+    def run() -> str:
+        return subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, check=True).stdout
+
+    assert "--resume" not in run()  # a fresh run
+    (runs / "demo" / "checkpoints").mkdir(parents=True)
+    ckpt.begin_checkpoint(runs / "demo" / "checkpoints", 5)  # a temp dir of a checkpoint killed mid-write
+    assert "--resume" not in run()
+    tmp = ckpt.begin_checkpoint(runs / "demo" / "checkpoints", 10)
+    (tmp / "state.json").write_text("{}")
+    ckpt.finalize_checkpoint(tmp, 10)
+    assert run().split()[-1] == "--resume"  # the preempted job's rerun continues it

@@ -241,9 +241,12 @@ class EvalConfig(_Section):
 class CheckpointConfig(_Section):
     every: int = Field(50, ge=0, description="Checkpoint every k steps (0 = only at the end).")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept (the newest valid one is never deleted).")
+    keep_best: bool = Field(False, description="Also keep the valid checkpoint with the best held-out accuracy "
+                            "(of the steps with an eval), however old.")
     grace_seconds: float = Field(
-        30.0, gt=0, description="On SIGTERM the step in progress finishes, a checkpoint is written and the run exits "
-        "with code 75 (resume with --resume); the exit message says when that took longer than this (seconds).",
+        30.0, gt=0, description="On SIGTERM a checkpoint is written within this many seconds and the run exits with "
+        "code 75 (resume with --resume). A step that cannot finish in time (less the measured checkpoint time) is "
+        "abandoned before its update and redone on resume; the exit message says when the checkpoint was late.",
     )
 
 

@@ -18,12 +18,13 @@ from posttrain.algorithms.grpo import nonzero_variance_groups
 from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
-from posttrain.preemption import Preempted, SigtermWatch
+from posttrain.preemption import (ASSUMED_CHECKPOINT_BYTES_PER_S, Preempted, SigtermWatch, StepAbandoned,
+                                  point_of_no_return)
 from posttrain.progress import StepProgress
 from posttrain.rewards.scoring import component_means, score_batch
 from posttrain.rewards.verifier import FailureBudget, failure_counts, score_one
 from posttrain.rollout.engine import SamplingSpec
-from posttrain.rollout.sampler import Cursor, PromptSampler, sample_seed
+from posttrain.rollout.sampler import Cursor, PromptSampler, data_fingerprint, sample_seed
 from posttrain.rollout.samples import StepSamples
 from posttrain.tasks import Problem, load_task
 from posttrain.tracking import MetricsWriter, open_run_log
@@ -40,14 +41,15 @@ class RunState:
     step: int = 0
     cursor: Cursor = field(default_factory=Cursor)
     eval_history: list[dict] = field(default_factory=list)
+    data_fingerprint: str | None = None  # of the training split the cursor walks (sampler.data_fingerprint)
 
     def to_json(self, fingerprint: str) -> dict:
         return {"step": self.step, "cursor": vars(self.cursor), "eval_history": self.eval_history,
-                "config_fingerprint": fingerprint}
+                "config_fingerprint": fingerprint, "data_fingerprint": self.data_fingerprint}
 
     @classmethod
     def from_json(cls, d: dict) -> "RunState":
-        return cls(d["step"], Cursor(**d["cursor"]), d["eval_history"])
+        return cls(d["step"], Cursor(**d["cursor"]), d["eval_history"], d.get("data_fingerprint"))
 
 
 # ---------------------------------------------------------------------------------------------- rollout helpers
@@ -196,6 +198,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
             ref_logprobs=ref_lp, sample_ids=train_set.sample_ids, step=step,
         )
         t = time.perf_counter()
+        point_of_no_return()  # a SIGTERM from here on lets the step finish (preemption.py)
         refs = [roles.trainer.train_step.remote(batch)]
         if roles.critic is not None:
             refs.append(roles.critic.train_step.remote(k_prompts, k_comps, token_stats.pop("returns"),
@@ -313,11 +316,31 @@ def save_checkpoint(cfg: RunConfig, roles, state: RunState) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise PosttrainError(f"checkpoint at step {state.step}: no space left on the disk of {root}",
                              hint="free disk space, lower checkpoint.keep_last, then continue with --resume") from None
-    ckpt.prune_checkpoints(root, cfg.checkpoint.keep_last)
+    best = ckpt.best_checkpoint(root, {e["step"]: e["heldout_accuracy"] for e in state.eval_history}) \
+        if cfg.checkpoint.keep_best else None
+    ckpt.prune_checkpoints(root, cfg.checkpoint.keep_last, protect=(best,) if best else ())
     return final
 
 
-def load_resume_state(cfg: RunConfig, warn) -> tuple[Path, RunState]:
+def timed_checkpoint(cfg: RunConfig, roles, state: RunState, sigterm: SigtermWatch) -> Path:
+    """save_checkpoint, its duration told to the SIGTERM watch (the part of the grace period it keeps back)."""
+    t = time.monotonic()
+    path = save_checkpoint(cfg, roles, state)
+    sigterm.checkpoint_written(time.monotonic() - t)
+    return path
+
+
+def preempt(cfg: RunConfig, roles, state: RunState, sigterm: SigtermWatch, last_ckpt_step: int,
+            abandoned: bool = False) -> Preempted:
+    """After SIGTERM: the checkpoint of the last completed step (written unless it exists), as the exception that
+    makes the CLI exit with EXIT_PREEMPTED."""
+    saved = (save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step
+             else ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints"))
+    return Preempted(saved, state.step, sigterm.seconds_since(), cfg.checkpoint.grace_seconds,
+                     abandoned_step=state.step + 1 if abandoned else None)
+
+
+def load_resume_state(cfg: RunConfig, warn, data: str | None = None) -> tuple[Path, RunState]:
     root = cfg.run_dir / "checkpoints"
     path = ckpt.latest_valid_checkpoint(root, warn=warn)
     if path is None:
@@ -329,6 +352,13 @@ def load_resume_state(cfg: RunConfig, warn) -> tuple[Path, RunState]:
         raise PosttrainError(
             f"--resume: the config's model/task/algorithm/seed differ from the checkpoint {path}",
             hint="resume with the run's own config (runs/<name>/config.yaml), changing only train.steps, eval or logging",
+        )
+    if data is not None and saved.get("data_fingerprint") not in (None, data):  # None: a checkpoint from before
+        where = f"task.path {cfg.task.path}" if cfg.task.path else f"task {cfg.task.name}"
+        raise PosttrainError(
+            f"--resume: the training data of {where} differ from those the checkpoint {path} was trained on; its "
+            "data cursor would skip or repeat samples",
+            hint="restore the dataset the run started with, or start a new run (name=<new name>) on the new data",
         )
     return path, RunState.from_json(saved)
 
@@ -361,10 +391,12 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     ckpt.check_disk_space(run_dir, cfg.model.path)
     bar = StepProgress(cfg.algorithm.name, cfg.train.steps, enabled=progress and cfg.logging.progress,
                        fields=("reward", "acc", "tok/s"))
-    state = RunState()
+    data = data_fingerprint(task.train)
+    state = RunState(data_fingerprint=data)
     resume_path = None
     if resume:
-        resume_path, state = load_resume_state(cfg, bar.log)
+        resume_path, state = load_resume_state(cfg, bar.log, data)
+        state.data_fingerprint = data
         bar.log(f"resuming from {resume_path} (step {state.step}, data cursor {vars(state.cursor)})")
     if resume_path is not None and state.step >= cfg.train.steps:
         bar.log(f"run {cfg.name} is already at step {state.step} of train.steps={cfg.train.steps}: nothing to train "
@@ -378,7 +410,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
 
     started_ray = not ray.is_initialized()
     start_ray(cfg.ray, needed_cpus(cfg))
-    sigterm = SigtermWatch().install()  # after ray.init, which sets its own SIGTERM handler
+    sigterm = SigtermWatch(cfg.checkpoint.grace_seconds, ckpt.checkpoint_bytes_estimate(cfg.model.path)
+                           / ASSUMED_CHECKPOINT_BYTES_PER_S).install()  # after ray.init, which sets its own
     roles = None
     try:
         roles = create_roles(cfg, cfg.model.path)
@@ -395,7 +428,13 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         bar.update(state.step)
         last_ckpt_step = state.step if resume_path is not None else -1
         while state.step < cfg.train.steps:
-            record, samples = run_step(cfg, state.step, roles, sampler, encoder)
+            try:
+                sigterm.begin_step()
+                record, samples = run_step(cfg, state.step, roles, sampler, encoder)
+            except StepAbandoned:  # SIGTERM, and the step could not finish within checkpoint.grace_seconds
+                raise preempt(cfg, roles, state, sigterm, last_ckpt_step, abandoned=True) from None
+            finally:
+                sigterm.end_step()
             sample_log.write(samples)
             state.step += 1
             state.cursor = sampler.cursor
@@ -410,11 +449,10 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             reward_budget.check(record, samples)
             bar.update(state.step, reward=record["reward_mean"], acc=record["accuracy"], **{"tok/s": int(record["tokens_per_s"])})
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.train.steps:
-                writer.log_checkpoint(state.step, save_checkpoint(cfg, roles, state))
+                writer.log_checkpoint(state.step, timed_checkpoint(cfg, roles, state, sigterm))
                 last_ckpt_step = state.step
             if sigterm.requested and state.step < cfg.train.steps:
-                saved = save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step else ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
-                raise Preempted(saved, state.step, sigterm.seconds_since(), cfg.checkpoint.grace_seconds)
+                raise preempt(cfg, roles, state, sigterm, last_ckpt_step)
         if not state.eval_history or state.eval_history[-1]["step"] != state.step:
             acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
                                    rollout_resync(roles))

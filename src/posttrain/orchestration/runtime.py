@@ -42,10 +42,7 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
                 hint="check `ray status` on the head node, or drop --address to run an embedded cluster",
             ) from None
         return
-    # ray.init(_node_ip_address="127.0.0.1") alone still resolves "localhost" to the machine's interface address
-    # and every Ray process then talks over it. With this Ray constant off, Ray's own node-IP lookup returns the
-    # loopback address, so the GCS, raylet and workers bind and connect on 127.0.0.1 only (checked with `ss`).
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    pin_ray_to_loopback()
     num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), math.ceil(needed_cpus))
     ray.init(
         num_cpus=int(math.ceil(num_cpus)),
@@ -56,6 +53,19 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
         logging_level="warning",
         runtime_env={"env_vars": QUIET_ACTOR_ENV},
     )
+
+
+def pin_ray_to_loopback() -> None:
+    """ray.init(_node_ip_address="127.0.0.1") alone is replaced by the machine's interface address (Ray's
+    resolve_ip_for_localhost), and then the GCS, raylet, workers and agents bind their gRPC ports on it, on 0.0.0.0
+    or on [::] (seen with psutil: tests/test_reliability_driver.py). Ray skips that replacement when its constant
+    ENABLE_RAY_CLUSTER is off, and then binds every port on 127.0.0.1. Ray reads the constant from
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when `ray` is first imported, which is usually before this runs: so the
+    variable is set for child processes and the constant itself for this one."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def stop_ray() -> None:

@@ -48,3 +48,14 @@ def sample_seed(run_seed: int, step: int, prompt_index: int) -> int:
     """A per-prompt sampling seed fixed by (run seed, step, prompt index), so the same step resamples the same
     completions after a resume without saving engine RNG state."""
     return (run_seed * 1_000_003 + step * 10_007 + prompt_index) % (2**31 - 1)
+
+
+def data_fingerprint(problems: list[Problem]) -> str:
+    """Hash of the training split (ids, prompts, answers, in order). The cursor (epoch, offset) only means the same
+    prompts over the same data: a resume checks this against the checkpoint's, so a changed dataset file is an
+    error instead of silently skipped or repeated samples."""
+    import hashlib
+    import json
+
+    rows = [[p.id, p.prompt, p.answer] for p in problems]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]

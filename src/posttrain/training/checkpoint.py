@@ -158,6 +158,19 @@ def prune_checkpoints(root: str | Path, keep_last: int, protect: tuple[Path, ...
     return removed
 
 
+def best_checkpoint(root: str | Path, scores: dict[int, float]) -> Path | None:
+    """The valid checkpoint whose step has the highest score (held-out accuracy), the newest among equals; None
+    when no checkpointed step has a score."""
+    scored = [p for p in list_checkpoints(root) if int(p.name[len(PREFIX):]) in scores]
+    for path in sorted(scored, key=lambda p: (scores[int(p.name[len(PREFIX):])], p.name), reverse=True):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError:
+            continue
+    return None
+
+
 def checkpoint_bytes_estimate(model_dir: str | Path) -> int:
     """Bytes one checkpoint of this model takes: the weights, AdamW's two moments of the same size, small files."""
     weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
