@@ -43,6 +43,23 @@ def test_loss_shares_add_up_to_the_minibatch_loss():
     assert 3 * 5 / 6 + 6 * 1 / 6 == pytest.approx(3.5)
 
 
+def test_ranks_get_bundles_and_the_plan_spreads_them_over_policy_devices(tiny_model_dir):
+    from posttrain.orchestration.roles import needed_cpus, role_bundles
+    from posttrain.topology.placement import placement_for_run
+
+    manual = load_config(None, [f"model.path={tiny_model_dir}", "topology.trainer_ranks=3"])
+    names = [n for n, _ in role_bundles(manual)]
+    assert names[:3] == ["trainer", "trainer1", "trainer2"]
+    # 3 ranks x trainer_cpus 1 + reference 0.25 + reward 0.25 + one engine 0.5
+    assert needed_cpus(manual) == pytest.approx(4.0)
+    # Colocated on 2 nodes x 2 devices: policy devices 0..3; rank r of 2 on device 2r, so one rank per node.
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "topology.mode=colocated", "topology.trainer_ranks=2",
+                             "topology.cluster=2x2xH100-80GB", "rollout.num_workers=2"])
+    slots = placement_for_run(cfg).actors
+    assert (slots["trainer"].group, slots["trainer"].bundle) == (0, 0)
+    assert (slots["trainer1"].group, slots["trainer1"].bundle) == (1, 0)
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     import ray

@@ -97,6 +97,9 @@ class ShardedTrainer(Trainer):
                                            weight_decay=a.weight_decay)
         return {"rank": self.rank, "backend": backend, "pid": os.getpid(), "host": host, "port": port}
 
+    def __repr__(self) -> str:  # Ray's state API lists actors by this (repr_name)
+        return f"ShardedTrainer(rank={self.rank})"
+
     def where(self) -> dict:
         import ray
 
