@@ -176,7 +176,10 @@ def _run(tmp: Path, model_dir: str, name: str, ranks: int, engines: int):
     from posttrain.loop import train
 
     cfg = load_config(None, [
-        f"name={name}", f"runs_dir={tmp}", f"model.path={model_dir}", "task.heldout_size=8", "task.reward=digits",
+        # The random tiny model never earns the verifier's reward; the length term varies within groups (EOS is
+        # sampled at different points), so advantages are non-zero and the loss curve moves.
+        f"name={name}", f"runs_dir={tmp}", f"model.path={model_dir}", "task.heldout_size=8",
+        "reward.weights={verifier: 1.0, length: 1.0}",
         "algorithm.group_size=4", "algorithm.prompts_per_step=4", "algorithm.skip_zero_variance_groups=false",
         "algorithm.kl_coef=0.02", "algorithm.lr=3e-3", "rollout.engine=hf", "train.steps=3", "eval.every=0",
         "checkpoint.every=0", "logging.progress=false", "topology.torch_threads=1",

@@ -31,7 +31,7 @@ def run(model_dir: str, work: Path) -> dict:
     cfg = load_config(None, [
         f"model.path={model_dir}", f"runs_dir={work / 'runs'}", "name=scaleout", "task.heldout_size=8",
         "algorithm.group_size=2", "algorithm.prompts_per_step=4", "algorithm.skip_zero_variance_groups=false",
-        "algorithm.kl_coef=0.02", "rollout.engine=hf", "train.steps=2", "eval.every=0", "checkpoint.every=0",
+        "algorithm.kl_coef=0.02", "reward.weights={verifier: 1.0, length: 1.0}", "rollout.engine=hf", "train.steps=2", "eval.every=0", "checkpoint.every=0",
         "logging.progress=false", "topology.torch_threads=1", "topology.mode=colocated",
         f"topology.cluster=2x{GPUS_PER_NODE}xH100-80GB", "topology.trainer_ranks=2", "rollout.num_workers=2",
         f"ray.address=127.0.0.1:{GCS_PORT}",
