@@ -9,9 +9,6 @@ from typing import Any, Callable
 
 from posttrain.config import RunConfig
 
-METHODS = ("train_step", "export_weights", "save", "load", "ping", "where")
-
-
 class RankCall:
     """One method of the group, called like an actor method: `.remote(*args)` -> ObjectRef of rank 0's result."""
 
@@ -28,12 +25,17 @@ class RankCall:
 
 
 class TrainerGroup:
-    """N ShardedTrainer actors (rank r = ranks[r]) in one torch.distributed group."""
+    """N ShardedTrainer actors (rank r = ranks[r]) in one torch.distributed group. Any trainer method is called on
+    every rank (`group.train_step`, `group.save`, ... and methods added to Trainer later), in the same order on
+    each rank, which is what keeps their collectives paired: call the group from one thread."""
 
     def __init__(self, ranks: list):
         self.ranks = ranks
-        for method in METHODS:
-            setattr(self, method, RankCall(ranks, method))
+
+    def __getattr__(self, method: str) -> RankCall:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return RankCall(self.ranks, method)
 
     def each(self, method: str, *args) -> list:
         """Every rank's own result (not only rank 0's), e.g. `group.each("where")`."""
