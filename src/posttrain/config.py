@@ -149,6 +149,11 @@ class TopologyConfig(_Section):
     critic_cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved for PPO's critic (value model).")
     rollout_gpus: float = Field(0.0, ge=0, description="GPUs per rollout worker (fractions colocate).")
     trainer_gpus: float = Field(0.0, ge=0, description="GPUs for the trainer.")
+    trainer_ranks: int = Field(
+        1, ge=1, description="Data-parallel trainer ranks: 1 = one trainer actor; N > 1 = N actors in a "
+        "torch.distributed group sharding the policy with FSDP2 (each rank takes trainer_cpus/trainer_gpus; the "
+        "step batch is split across them). Checkpoints reload with any rank count.",
+    )
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads for the trainer and reference.")
     mode: Literal["manual", "auto", "colocated", "split_pairs", "split"] = Field(
         "manual",

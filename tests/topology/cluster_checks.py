@@ -38,6 +38,26 @@ def start_cluster(temp: str) -> list[subprocess.Popen]:
     return procs
 
 
+def run_in_namespace(script: Path, out: Path, model_dir: str, work: Path) -> dict:
+    """Runs `script OUT MODEL_DIR WORK` in a private network namespace with only `lo` up (the tests' harness) and
+    returns the JSON it wrote; fails the test on an error it recorded or when the second node did not join."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (util-linux, iproute2) for a private loopback network")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
+    cmd = f"ip link set lo up && exec {sys.executable} {script} {out} {model_dir} {work}"
+    r = subprocess.run(["unshare", "-rn", "bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=600)
+    assert out.exists(), f"{script.name} wrote nothing (rc {r.returncode}):\n{r.stderr[-3000:]}"
+    facts = json.loads(out.read_text())
+    assert "error" not in facts, facts["error"]
+    assert len(facts["nodes"]) == 2, "the second node did not join"
+    return facts
+
+
 def stop_cluster(procs: list[subprocess.Popen]) -> None:
     for p in reversed(procs):  # `ray start --block` stops the processes it started on SIGTERM
         if p.poll() is None:

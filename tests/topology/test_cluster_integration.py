@@ -10,11 +10,6 @@ shared cluster), records what happened, and stops only the processes it started;
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,19 +22,10 @@ GPUS_PER_NODE = 2
 
 @pytest.fixture(scope="module")
 def cluster_facts(tmp_path_factory, tiny_model_dir) -> dict:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        pytest.skip("needs unshare and ip (util-linux, iproute2) for a private loopback network")
+    from cluster_checks import run_in_namespace
+
     work = tmp_path_factory.mktemp("cluster")
-    out = work / "facts.json"
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
-    cmd = f"ip link set lo up && exec {sys.executable} {HERE / 'cluster_checks.py'} {out} {tiny_model_dir} {work}"
-    r = subprocess.run(["unshare", "-rn", "bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=600)
-    assert out.exists(), f"cluster checks wrote nothing (rc {r.returncode}):\n{r.stderr[-3000:]}"
-    facts = json.loads(out.read_text())
-    assert "error" not in facts, facts["error"]
-    assert len(facts["nodes"]) == 2, "the second node did not join"
-    return facts
+    return run_in_namespace(HERE / "cluster_checks.py", work / "facts.json", tiny_model_dir, work)
 
 
 def _check_landing(facts: dict) -> None:

@@ -33,7 +33,7 @@ def devices_per_role(cfg) -> dict[str, float]:
     """Devices each role holds for the run, from the topology shares: GPUs where the config gives them, else CPU
     slots (on a CPU machine the devices are CPU slots)."""
     t = cfg.topology
-    out = {"trainer": t.trainer_gpus or t.trainer_cpus,
+    out = {"trainer": t.trainer_ranks * (t.trainer_gpus or t.trainer_cpus),
            "rollout": cfg.rollout.num_workers * (t.rollout_gpus or t.rollout_cpus),
            "reward": t.reward_cpus}
     if cfg.algorithm.kl_coef > 0:

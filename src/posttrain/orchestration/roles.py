@@ -30,6 +30,7 @@ def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
         return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
     bundles = [("trainer", res(t.trainer_cpus, t.trainer_gpus))]
+    bundles += [(f"trainer{r}", res(t.trainer_cpus, t.trainer_gpus)) for r in range(1, t.trainer_ranks)]
     if cfg.algorithm.kl_coef > 0:
         bundles.append(("reference", res(t.reference_cpus)))
     if cfg.algorithm.name == "ppo":
@@ -66,7 +67,12 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
         return dict(actor_options(spec, pgs, name), **extra)
 
     threads = {"env_vars": {"OMP_NUM_THREADS": str(cfg.topology.torch_threads)}}
-    trainer = ray.remote(Trainer).options(**place("trainer", runtime_env=threads)).remote(cfg_dict, model_dir)
+    if cfg.topology.trainer_ranks > 1:  # rank r on slot "trainer" (r = 0) or f"trainer{r}"
+        from posttrain.orchestration.trainer_group import create_trainer_group
+
+        trainer = create_trainer_group(cfg, model_dir, lambda r: place(f"trainer{r or ''}", runtime_env=threads))
+    else:
+        trainer = ray.remote(Trainer).options(**place("trainer", runtime_env=threads)).remote(cfg_dict, model_dir)
     reference = None
     if "reference" in index:
         # fixed weights from model.path, so a restarted reference is the same function: Ray retries its calls
@@ -122,7 +128,8 @@ def destroy_roles(roles: Roles) -> None:
 
     if roles.judge is not None:
         roles.judge.close()
-    for actor in [roles.trainer, roles.reward, roles.reference, roles.critic, roles.reward_model, *roles.rollout]:
+    trainers = getattr(roles.trainer, "ranks", [roles.trainer])  # a TrainerGroup's actors, or the one trainer
+    for actor in [*trainers, roles.reward, roles.reference, roles.critic, roles.reward_model, *roles.rollout]:
         if actor is not None:
             ray.kill(actor)
     release(roles.placement_group if isinstance(roles.placement_group, list) else [roles.placement_group])

@@ -45,6 +45,8 @@ class PlacementSpec:
 def planner_role(actor: str) -> str:
     if actor.startswith("rollout"):
         return "rollout"
+    if actor.startswith("trainer"):  # trainer, trainer1, ...: the ranks of a sharded trainer
+        return "policy"
     return {"trainer": "policy", "reward_model": "reward"}.get(actor, actor)
 
 

@@ -4,7 +4,8 @@ A checkpoint is a directory `checkpoints/step_000050/` holding the policy as an 
 trainer state (`trainer_state.pt`: optimizer, torch RNG), the driver state (`state.json`: step, data cursor, eval
 history) and `manifest.json` with the sha256 and size of every other file. It is written into a hidden temp
 directory, every file fsynced, the manifest written last, then renamed into place: a reader sees a whole
-checkpoint or none. Loading verifies the manifest; resume walks back to the newest checkpoint that verifies.
+checkpoint or none. A sharded trainer (topology.trainer_ranks > 1) also writes `trainer_shards/`
+(torch.distributed.checkpoint, one file per rank, in the manifest like every file; training/distributed.py). Loading verifies the manifest; resume walks back to the newest checkpoint that verifies.
 """
 
 from __future__ import annotations

@@ -161,7 +161,12 @@ class Trainer:
         if missing or unexpected:
             raise RuntimeError(f"checkpoint {d} does not match the policy: missing {missing}, unexpected {unexpected}")
         ts = torch.load(d / TRAINER_STATE, weights_only=True)
-        self.optimizer.load_state_dict(ts["optimizer"])
+        if "optimizer" in ts:
+            self.optimizer.load_state_dict(ts["optimizer"])
+        else:  # written by the sharded trainer (topology.trainer_ranks > 1): the states are in its shards
+            from posttrain.training.distributed import load_sharded_optimizer
+
+            load_sharded_optimizer(self.model, self.optimizer, d)
         torch.set_rng_state(ts["torch_rng"])
         random.setstate(_tuplify(ts["python_rng"]))
         self.updates = int(ts["updates"])

@@ -1,0 +1,289 @@
+"""The sharded trainer: one rank of a data-parallel group of Ray actors that form a torch.distributed process group
+(gloo on CPU; NCCL would be the backend for a policy on CUDA, which this trainer does not place today) and shard
+the policy with PyTorch's FSDP2 `fully_shard` (parameters, gradients and AdamW states split across ranks; each
+decoder layer and the root are one FSDP unit). FSDP2 runs on gloo/CPU with torch 2.13 (forward, backward with
+reduce-scatter, clip_grad_norm_ over DTensors, full-state gather, distributed checkpoint), so DDP is not needed.
+
+Every rank receives the whole step batch and takes its contiguous share of each minibatch; each rank's loss is its
+share of the global batch's loss (same token or sequence denominators as one rank would use), so the summed
+gradient is the one-rank gradient. All ranks keep the same torch RNG, so minibatch order matches one rank's.
+
+Checkpoints: `model/` (whole HF weights, written by rank 0), `trainer_shards/` (torch.distributed.checkpoint: the
+policy and optimizer as shards, reloadable with any number of ranks, or by the single-rank Trainer) and
+`trainer_state.pt` (RNG, update count, the rank count; no optimizer: that is in the shards)."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from posttrain.algorithms.advantages import kl_in_reward
+from posttrain.algorithms.grpo import clipped_policy_loss
+from posttrain.training.batch import completion_logprobs, pack
+from posttrain.training.trainer import (
+    TRAINER_STATE, Trainer, TrainBatch, _advantage_tensor, _jsonable, _select, _tuplify, learning_rate, pad_rows,
+)
+
+SHARDS_DIR = "trainer_shards"
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a rank that died leaves the others waiting this long at most
+
+
+# ------------------------------------------------------------------------------------------ pure pieces
+
+
+def rank_rows(idx: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's contiguous share of a minibatch's sample indices (shares differ in size by at most one)."""
+    return torch.tensor_split(idx, world_size)[rank]
+
+
+def loss_share(local_mask: torch.Tensor, minibatch_mask: torch.Tensor, agg: str) -> float:
+    """Weight of a rank's loss so that the ranks' weighted losses sum to the minibatch's loss. `token` averages over
+    every token of the minibatch, so a share is local tokens / minibatch tokens; `sequence` and `constant` average
+    over sequences, so it is local sequences / minibatch sequences. Masks: [rows, T]."""
+    if agg == "token":
+        total = float(minibatch_mask.sum())
+        return float(local_mask.sum()) / total if total else 0.0
+    return local_mask.shape[0] / minibatch_mask.shape[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------ one rank
+
+
+class ShardedTrainer(Trainer):
+    """Rank `rank` of `world_size`. Built in two calls so the group can rendezvous: the constructor only records
+    its arguments, `rendezvous_address` (rank 0) picks the master address and port, `join` (every rank at once)
+    forms the process group, loads and shards the policy. Then it answers the single Trainer's calls."""
+
+    def __init__(self, cfg_dict: dict, model_dir: str, rank: int, world_size: int):
+        self._init_args = (cfg_dict, model_dir)
+        self.rank, self.world_size = rank, world_size
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """127.0.0.1 when the whole group is on one node; this node's address when it spans several."""
+        import ray
+
+        nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        host = "127.0.0.1" if len(nodes) == 1 else ray.util.get_node_ip_address()
+        return host, free_port()
+
+    def join(self, host: str, port: int) -> dict:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        super().__init__(*self._init_args)
+        backend = "nccl" if next(self.model.parameters()).is_cuda else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size, timeout=COLLECTIVE_TIMEOUT)
+        mesh = init_device_mesh("cuda" if backend == "nccl" else "cpu", (self.world_size,))
+        for layer in _decoder_layers(self.model):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+        # fully_shard swapped the parameters for DTensors: the optimizer must hold the new ones.
+        a = self.cfg.algorithm
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.lr, betas=tuple(a.betas),
+                                           weight_decay=a.weight_decay)
+        return {"rank": self.rank, "backend": backend, "pid": os.getpid(), "host": host, "port": port}
+
+    def __repr__(self) -> str:  # Ray's state API lists actors by this (repr_name)
+        return f"ShardedTrainer(rank={self.rank})"
+
+    def where(self) -> dict:
+        import ray
+
+        return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batch: TrainBatch) -> dict:
+        a = self.cfg.algorithm
+        temp = self.cfg.rollout.temperature or 1.0
+        W, r = self.world_size, self.rank
+        packed = pack(batch.prompts, batch.completions, self.pad_id)  # the whole batch: same padding as one rank
+        mask = packed.completion_mask
+        n, T = mask.shape
+        advantages = _advantage_tensor(batch.advantages, T)
+        kl_loss_coef = 0.0 if kl_in_reward(a) else a.kl_coef
+        ref = pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None and kl_loss_coef > 0 else None
+        engine_lp = pad_rows(batch.engine_logprobs, T)
+        lr = learning_rate(batch.step, self.cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+
+        # Old logprobs and entropy: each rank computes its rows, a sum over ranks fills the rest (x + 0 is exact).
+        self.model.eval()
+        old_lp, entropy = torch.zeros(n, T), torch.zeros(n, T)
+        mine = rank_rows(torch.arange(n), r, W)
+        with torch.no_grad():
+            lp, ent = completion_logprobs(self.model, _select(packed, _nonempty(mine)), temp, with_entropy=True)
+        if len(mine):
+            old_lp[mine], entropy[mine] = lp, ent
+        dist.all_reduce(old_lp)
+        dist.all_reduce(entropy)
+        self.model.train()
+
+        mb_size = n // a.minibatches if n >= a.minibatches else n
+        stats: dict[str, list[float]] = {k: [] for k in ("loss", "policy_loss", "kl", "clip_fraction", "grad_norm",
+                                                          "ratio_mean")}
+        for _ in range(a.updates_per_batch):
+            order = torch.randperm(n)  # the same on every rank: they share the RNG state
+            for start in range(0, n, mb_size):
+                idx = order[start : start + mb_size]
+                local = rank_rows(idx, r, W)
+                rows = _nonempty(local)
+                sub = _select(packed, rows)
+                out = clipped_policy_loss(
+                    completion_logprobs(self.model, sub, temp), old_lp[rows], advantages[rows], sub.completion_mask,
+                    clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
+                    ref_logprobs=ref[rows] if ref is not None else None, kl_coef=kl_loss_coef, agg=a.loss_agg,
+                    agg_constant=self.cfg.rollout.max_new_tokens,
+                )
+                share = loss_share(mask[local], mask[idx], a.loss_agg) if len(local) else 0.0
+                tokens = float(mask[local].sum()) / max(float(mask[idx].sum()), 1.0) if len(local) else 0.0
+                self.optimizer.zero_grad(set_to_none=True)
+                # FSDP averages gradients over ranks; times W makes it the sum of the shares.
+                (out.loss * (share * W)).backward()
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+                self.optimizer.step()
+                self.updates += 1
+                # Loss terms weigh by the loss share; per-token means (kl, clip, ratio) by the token share.
+                parts = torch.stack([out.loss.detach() * share, out.policy_loss * share, out.kl * tokens,
+                                     out.clip_fraction * tokens, out.ratio_mean * tokens]).float()
+                dist.all_reduce(parts)
+                for k, v in zip(("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"), parts.tolist()):
+                    stats[k].append(v)
+                stats["grad_norm"].append(float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn))
+        gap = (engine_lp - old_lp).abs() * mask
+        tokens = float(mask.sum())
+        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
+        metrics.update({
+            "entropy": float(entropy.sum() / max(tokens, 1.0)),
+            "logprob_gap_mean": float(gap.sum() / max(tokens, 1.0)),
+            "logprob_gap_max": float(gap.max()) if tokens else 0.0,
+            "trained_tokens": tokens,
+            "train_compute_s": time.perf_counter() - t0,
+            "lr": lr,
+            "trainer_ranks": W,
+        })
+        return metrics
+
+    # ------------------------------------------------------------------ weights and checkpoints
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The whole policy on rank 0 (CPU tensors, HF names; a tied output head once, under the embedding's
+        name); {} on the other ranks. A collective: every rank calls it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if full and getattr(self.model.config, "tie_word_embeddings", False):
+            full.pop("lm_head.weight", None)
+        return {k: v.contiguous() for k, v in full.items()}
+
+    def export_weights(self) -> bytes | None:
+        """safetensors bytes of the whole policy from rank 0 (None from the others)."""
+        from safetensors.torch import save
+
+        full = self.full_state()
+        return save(full) if self.rank == 0 else None
+
+    def save(self, ckpt_tmp_dir: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from safetensors.torch import save_file
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        d = Path(ckpt_tmp_dir)
+        full = self.full_state()
+        if self.rank == 0:
+            (d / "model").mkdir(parents=True, exist_ok=True)
+            save_file(full, str(d / "model" / "model.safetensors"), metadata={"format": "pt"})
+            self.model.config.save_pretrained(str(d / "model"))
+            if getattr(self.model, "generation_config", None) is not None:
+                self.model.generation_config.save_pretrained(str(d / "model"))
+            self.tokenizer.save_pretrained(str(d / "model"))
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(d / SHARDS_DIR))
+        if self.rank == 0:
+            torch.save({"torch_rng": torch.get_rng_state(), "updates": self.updates, "trainer_ranks": self.world_size,
+                        "python_rng": list(_jsonable(random.getstate()))}, d / TRAINER_STATE)
+        dist.barrier()
+
+    def load(self, ckpt_dir: str) -> None:
+        """From a checkpoint written by any number of ranks (its shards), or by the single-rank Trainer (its whole
+        weights and optimizer state, split here)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+        d = Path(ckpt_dir)
+        ts = torch.load(d / TRAINER_STATE, weights_only=True)
+        if (d / SHARDS_DIR).is_dir():
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            dcp.load(state, checkpoint_id=str(d / SHARDS_DIR))
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        else:
+            from safetensors.torch import load_file
+
+            full: dict[str, torch.Tensor] = {}
+            for f in sorted((d / "model").glob("*.safetensors")):
+                full.update(load_file(str(f)))
+            if getattr(self.model.config, "tie_word_embeddings", False):
+                full.setdefault("lm_head.weight", full["model.embed_tokens.weight"])
+            set_state_dict(self.model, self.optimizer, model_state_dict=full,
+                           optim_state_dict=fqn_optimizer_state(self.model, ts["optimizer"]),
+                           options=StateDictOptions(full_state_dict=True))
+        torch.set_rng_state(ts["torch_rng"])
+        random.setstate(_tuplify(ts["python_rng"]))
+        self.updates = int(ts["updates"])
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _nonempty(rows: torch.Tensor) -> torch.Tensor:
+    """A rank with no rows in a minibatch still runs forward and backward (FSDP's collectives need every rank):
+    on row 0, with a loss weight of 0."""
+    return rows if len(rows) else torch.zeros(1, dtype=torch.long)
+
+
+def _decoder_layers(model) -> list:
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers"):
+        obj = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if obj is not None:
+            return list(obj)
+    return []  # unknown architecture: the root alone is one FSDP unit
+
+
+def fqn_optimizer_state(model, index_state: dict) -> dict:
+    """A single-rank optimizer state dict (keyed by parameter index, in model.parameters() order) keyed by
+    parameter name instead, the form torch.distributed.checkpoint.state_dict reads and writes."""
+    names = [name for name, _ in model.named_parameters()]
+    groups = [dict(g, params=[names[i] for i in g["params"]]) for g in index_state["param_groups"]]
+    return {"state": {names[i]: s for i, s in index_state["state"].items()}, "param_groups": groups}
+
+
+def load_sharded_optimizer(model, optimizer, ckpt_dir: str | Path) -> None:
+    """Loads the optimizer states of a sharded checkpoint into a single-rank (unsharded) model's optimizer: the
+    N -> 1 direction. Runs without a process group (torch.distributed.checkpoint reads every shard)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict
+
+    _, optim_sd = get_state_dict(model, optimizer)
+    state = {"optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(Path(ckpt_dir) / SHARDS_DIR), no_dist=True)
+    set_optimizer_state_dict(model, optimizer, state["optim"])
