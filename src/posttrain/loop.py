@@ -179,6 +179,17 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         train_set.extend(extra.select_groups(fill_groups(signal_groups(cfg, extra), len(train_set) // n,
                                                          a.prompts_per_step), n))
         rounds += 1
+    return finish_step(cfg, step, roles, generated, train_set, rounds, times, t_start)
+
+
+def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_set: StepSamples, rounds: int,
+                times: dict, t_start: float, sync=sync_weights) -> tuple[dict, dict]:
+    """The rest of a step once its samples are scored: reference, advantages, train, `sync(roles)`, and the
+    step's metrics and samples (see `run_step`). rollout/one_step_off.py calls it with its own rollouts."""
+    import ray
+
+    a = cfg.algorithm
+    n = a.group_size
     rewards = torch.tensor(generated.rewards, dtype=torch.float32)
     failures = sum(err is not None for err in generated.errors)
 
@@ -205,7 +216,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         train_metrics.update(token_stats)
         times["train"] = time.perf_counter() - t
         t = time.perf_counter()
-        sync_weights(roles)
+        sync(roles)
         times["sync"] = time.perf_counter() - t
 
     total = time.perf_counter() - t_start
@@ -375,6 +386,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     sample_log = MetricsWriter(run_dir, resume_from_step=state.step if resume else None, filename="samples.jsonl")
     sampler = PromptSampler(task.train, cfg.seed, state.cursor)
     reward_budget = FailureBudget(cfg.reward.max_failure_fraction, cfg.reward.failure_window_steps)
+    ahead = None
+    if cfg.rollout.async_one_step_off:  # rollout of step t+1 overlaps training of step t
+        from posttrain.rollout.one_step_off import OneStepOffRollout
+
+        ahead = OneStepOffRollout(cfg, sampler, encoder)
 
     started_ray = not ray.is_initialized()
     start_ray(cfg.ray, needed_cpus(cfg))
@@ -395,10 +411,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         bar.update(state.step)
         last_ckpt_step = state.step if resume_path is not None else -1
         while state.step < cfg.train.steps:
-            record, samples = run_step(cfg, state.step, roles, sampler, encoder)
+            record, samples = (ahead.run_step(state.step, roles) if ahead is not None
+                               else run_step(cfg, state.step, roles, sampler, encoder))
             sample_log.write(samples)
             state.step += 1
-            state.cursor = sampler.cursor
+            state.cursor = ahead.cursor if ahead is not None else sampler.cursor
             if cfg.eval.every and state.step % cfg.eval.every == 0 and state.step < cfg.train.steps:
                 t = time.perf_counter()
                 acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
@@ -424,6 +441,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         writer.log_checkpoint(state.step, final_ckpt)
     finally:
         sigterm.restore()
+        if ahead is not None:
+            ahead.close()  # waits for a rollout still in flight before its actors go
         bar.close()
         writer.close()
         sample_log.close()
