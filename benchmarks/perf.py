@@ -8,7 +8,7 @@ table between the perf markers of README.md (benchmarks/perf_report.py).
     PYTHONPATH=src python benchmarks/perf.py --report-only        # table + plot + README from the JSON
 
 Parts: `trl` (posttrain vs TRL per size, interleaved; also gives the split, sync and in-loop rollout numbers),
-`rollout` (raw vLLM on the same batches), `async` (sync vs one-step-off on the built-in task from an SFT start).
+`rollout` (raw vLLM on the same batches), `sync` (export and engine-load seconds per size), `async` (sync vs one-step-off on the built-in task from an SFT start).
 Each part replaces its own section of the JSON, so parts can be run one at a time.
 
 TRL runs in its own venv (benchmarks/.trl-venv, made here): the CPU torch wheel first, then trl with torch and
@@ -248,6 +248,27 @@ def part_rollout(args, runs: Path, previous: dict) -> dict:
     return out
 
 
+def part_sync(args, runs: Path, previous: dict) -> dict:
+    """Export and engine-load seconds per size (no Ray), beside the in-loop sync time of the trl part's runs."""
+    from posttrain.rollout.worker import rollout_worker_env
+
+    out = {}
+    for size in args.sizes:
+        model = model_dir(runs, size)
+        log(f"sync breakdown {size}")
+        res = runs / f"sync-{size}.json"
+        env = dict(os.environ, **rollout_worker_env(1.0), OMP_NUM_THREADS="1")
+        with open(runs / f"sync-{size}.log", "w") as logf:
+            subprocess.run([sys.executable, str(HERE / "perf_sync.py"), model, str(res)], check=True, env=env,
+                           stdout=logf, stderr=subprocess.STDOUT)
+        out[size] = json.loads(res.read_text())
+        loop = previous.get("sizes", {}).get(size, {}).get("posttrain", [])
+        out[size]["in_loop_sync_s"] = loop[0]["sync_median_s"] if loop else None
+        out[size]["params"] = count_params(model)
+        log(f"  {out[size]}")
+    return out
+
+
 def part_async(args, runs: Path) -> dict:
     from posttrain.config import load_config
     from posttrain.loop import remove_run, train
@@ -316,7 +337,7 @@ def machine() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="trl,rollout,async")
+    ap.add_argument("--parts", default="trl,rollout,sync,async")
     ap.add_argument("--sizes", default="4m,80m")
     ap.add_argument("--steps", type=int, default=6, help="measured steps per run")
     ap.add_argument("--warmup", type=int, default=1, help="steps run before the measured ones")
@@ -347,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["trl"] = part_trl(args, runs)
             if "rollout" in parts:
                 result["rollout"] = part_rollout(args, runs, result.get("trl", {}))
+            if "sync" in parts:
+                result["sync"] = part_sync(args, runs, result.get("trl", {}))
             if "async" in parts:
                 result["async"] = part_async(args, runs)
             result.setdefault("wall_seconds", {})[",".join(parts)] = time.perf_counter() - t0

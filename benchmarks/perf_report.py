@@ -54,6 +54,10 @@ def table(res: dict) -> str:
     row("**weight sync: share of the step** (target ≤ 5%), median s",
         lambda s: (_f(100 * pt(s)["split_share"]["sync"], "{:.1f}%") + _mark(pt(s)["split_share"]["sync"] <= 0.05)
                    + f", {pt(s)['sync_median_s']:.3f} s") if pt(s) else "—")
+    sync = res.get("sync", {})
+    row("sync without Ray: trainer export / engine load (s)",
+        lambda s: f"{sync[s]['export_s']:.3f} / {sync[s]['engine_load_s']:.3f} ({sync[s]['bytes'] / 1e6:.0f} MB)"
+        if s in sync else "—")
     row("step split (median s): " + " / ".join(KEYS),
         lambda s: " / ".join(_f(pt(s)["split_median_s"][k], "{:.2f}") for k in KEYS) if pt(s) else "—")
     out = "\n".join(rows)
@@ -109,6 +113,10 @@ def plot(res: dict, path: Path = PLOT) -> Path | None:
     params = [trl[s]["params"] / 1e6 for s in trl]
     ax.plot(params, [trl[s]["posttrain"][0]["sync_median_s"] for s in trl], "o-", label="weight sync (s)")
     ax.plot(params, [trl[s]["posttrain_median_step_s"] for s in trl], "s--", label="whole step (s)")
+    sync = res.get("sync", {})
+    if all(s in sync for s in trl):
+        ax.plot(params, [sync[s]["export_s"] for s in trl], "^:", label="of which trainer export (s)")
+        ax.plot(params, [sync[s]["engine_load_s"] for s in trl], "v:", label="of which engine load (s)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("parameters (M)")

@@ -96,12 +96,12 @@ def heldout_accuracy(workers, encoder: PromptEncoder, task, problems: list[Probl
     return sum(s >= 1.0 for s in scores) / len(scores)
 
 
-def sync_weights(roles) -> None:
+def sync_weights(roles, blob=None) -> None:
     """Trainer -> every engine, in place. The bytes go through the object store once, not through the driver.
-    A worker that dies meanwhile gets the same bytes again once restarted."""
+    A worker that dies meanwhile gets the same bytes again once restarted. `blob`: an export already asked for."""
     from posttrain.orchestration.recovery import gather_with_redo
 
-    blob = roles.trainer.export_weights.remote()
+    blob = blob if blob is not None else roles.trainer.export_weights.remote()
     gather_with_redo(roles.rollout, lambda i: roles.rollout[i].update_weights.remote(blob), what="weight sync")
 
 

@@ -7,7 +7,8 @@ engines while the trainer trains step t, so generation hides behind training ins
 Every batch trains weights at most one update newer than the ones that generated it (staleness <= 1, checked
 each step and logged as `rollout/staleness`); the clipped ratio is taken against the engine's logprobs of that
 behaviour policy (algorithms/off_policy.py). The sync happens while the engines are idle, between two rollouts,
-so which weights generated which batch is decided by program order, not by a race. The last step syncs right
+so which weights generated which batch is decided by program order, not by a race; the trainer exports its weights
+right after training, while the engines still generate, so only the engines' load stays on the critical path. The last step syncs right
 after training, so the final eval and checkpoint see the trained weights.
 
 The rollout runs in one driver thread (Ray calls are thread-safe) on the rollout and reward actors; the main
@@ -66,6 +67,7 @@ class OneStepOffRollout:
         self.engine_version = 0   # ... and the number whose weights the engines hold
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
         self._in_flight: _InFlight | None = None
+        self._exported = None  # ObjectRef of the trainer's newest weights, exported ahead of the sync
 
     def _launch(self, step: int, roles) -> None:
         from posttrain.loop import TIME_KEYS, rollout_and_score
@@ -91,8 +93,9 @@ class OneStepOffRollout:
 
         t = time.perf_counter()
         if self.engine_version < self.trainer_version:  # engines idle now: give them the newest weights
-            sync_weights(roles)
+            sync_weights(roles, self._exported)
             self.engine_version = self.trainer_version
+        self._exported = None
         sync_before = time.perf_counter() - t
         last = step + 1 >= self.cfg.train.steps
         if not last:
@@ -108,6 +111,8 @@ class OneStepOffRollout:
             self.trainer_version += 1
             if last:
                 self.engine_version = self.trainer_version
+            else:  # the trainer exports now, while the engines still generate; the engines load it next step
+                self._exported = roles.trainer.export_weights.remote()
         gen_tokens = sum(len(c) for c in generated.completions)
         record["time/sync"] += sync_before
         record["time/other"] = max(0.0, record["time/step"] - sum(record[f"time/{k}"] for k in TIME_KEYS))
