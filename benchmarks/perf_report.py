@@ -63,15 +63,19 @@ def table(res: dict) -> str:
     out = "\n".join(rows)
     a = res.get("async")
     if a:
-        out += ("\n\n| built-in task, demo batch, SFT start | synchronous | one-step-off async |\n|---|---|---|\n"
-                f"| median step (s), steps 3+ | {a['sync']['median_step_s']:.3f} | {a['async']['median_step_s']:.3f} "
-                f"(**{a['speedup']:.2f}× faster**) |\n"
-                f"| train reward, first → last {a['k']} steps | {a['sync']['reward_first_k']:.3f} → "
-                f"{a['sync']['reward_last_k']:.3f} | {a['async']['reward_first_k']:.3f} → {a['async']['reward_last_k']:.3f} |\n"
-                f"| held-out accuracy before → after {a['steps']} steps | {100 * a['sync']['heldout_before']:.1f}% → "
-                f"{100 * a['sync']['heldout_after']:.1f}% | {100 * a['async']['heldout_before']:.1f}% → "
-                f"{100 * a['async']['heldout_after']:.1f}% |\n"
-                f"| staleness (max) | 0 | {max(a['async']['staleness'])} |")
+        modes = [m for m in ("sync", "async", "sync_1thread", "async_1thread") if m in a]
+        cols = {"sync": "synchronous", "async": "one-step-off", "sync_1thread": "synchronous, 1 torch thread",
+                "async_1thread": "one-step-off, 1 torch thread"}
+        out += ("\n\n| built-in task, demo batch, SFT start | " + " | ".join(cols[m] for m in modes) + " |\n|---|"
+                + "---|" * len(modes) + "\n"
+                + "| median step (s), steps 3+ | " + " | ".join(f"{a[m]['median_step_s']:.3f}" for m in modes) + " |\n"
+                + f"| train reward, first → last {a['k']} steps | " + " | ".join(
+                    f"{a[m]['reward_first_k']:.3f} → {a[m]['reward_last_k']:.3f}" for m in modes) + " |\n"
+                + f"| held-out accuracy before → after {a['steps']} steps | " + " | ".join(
+                    f"{100 * a[m]['heldout_before']:.1f}% → {100 * a[m]['heldout_after']:.1f}%" for m in modes) + " |\n"
+                + "| staleness (max) | " + " | ".join(str(max(a[m]["staleness"])) for m in modes) + " |\n"
+                + f"\n**Async speedup: {a['speedup']:.2f}×** (best synchronous / best one-step-off median step: "
+                + " / ".join(a.get("speedup_modes", ["sync", "async"])) + ").")
     if res.get("trl", {}).get("matched_settings"):
         out += "\n\n| matched setting | posttrain | TRL GRPOTrainer |\n|---|---|---|\n" + "\n".join(
             f"| {m['setting']} | {m['posttrain']} | {m['trl']} |" for m in res["trl"]["matched_settings"])
@@ -124,7 +128,7 @@ def plot(res: dict, path: Path = PLOT) -> Path | None:
     ax.legend(fontsize=8)
     ax = axes[2]
     if a:
-        for mode in ("sync", "async"):
+        for mode in [m for m in ("sync", "async", "sync_1thread", "async_1thread") if m in a]:
             c = a[mode]["reward_curve"]
             ax.plot(range(1, len(c) + 1), c, label=f"{mode}: {a[mode]['median_step_s']:.2f} s/step")
         ax.set_xlabel("step")
