@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-12)
 
-.PHONY: install demo test test-unit readme clean
+.PHONY: install demo test test-unit readme bench clean
 
 install: $(STAMP)
 
@@ -20,6 +20,9 @@ test: install
 
 test-unit: install
 	$(BIN)/python -m pytest tests -v -m "not integration"
+
+bench: install
+	$(BIN)/python benchmarks/perf.py
 
 readme: install
 	$(BIN)/python scripts/sync_readme.py

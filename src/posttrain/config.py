@@ -136,6 +136,10 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(8, gt=0, description="Longest completion sampled (tokens).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature for rollouts (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for rollouts.")
+    async_one_step_off: bool = Field(
+        False, description="Generate step t+1's rollout while step t trains (staleness 1: the policy ratio is taken "
+        "against the engine's logprobs of the behaviour policy); needs temperature 1 and top_p 1.",
+    )
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 

@@ -98,12 +98,12 @@ def heldout_accuracy(workers, encoder: PromptEncoder, task, problems: list[Probl
     return sum(s >= 1.0 for s in scores) / len(scores)
 
 
-def sync_weights(roles) -> None:
+def sync_weights(roles, blob=None) -> None:
     """Trainer -> every engine, in place. The bytes go through the object store once, not through the driver.
-    A worker that dies meanwhile gets the same bytes again once restarted."""
+    A worker that dies meanwhile gets the same bytes again once restarted. `blob`: an export already asked for."""
     from posttrain.orchestration.recovery import gather_with_redo
 
-    blob = roles.trainer.export_weights.remote()
+    blob = blob if blob is not None else roles.trainer.export_weights.remote()
     gather_with_redo(roles.rollout, lambda i: roles.rollout[i].update_weights.remote(blob), what="weight sync")
 
 
@@ -162,7 +162,6 @@ def signal_groups(cfg: RunConfig, samples: StepSamples) -> list[bool]:
 def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: PromptEncoder) -> tuple[dict, dict]:
     """One RL step; returns its metrics (including where its wall time went) and its samples
     (id, completion text, reward) for runs/<name>/samples.jsonl."""
-    import ray
 
     a = cfg.algorithm
     n = a.group_size
@@ -181,6 +180,17 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         train_set.extend(extra.select_groups(fill_groups(signal_groups(cfg, extra), len(train_set) // n,
                                                          a.prompts_per_step), n))
         rounds += 1
+    return finish_step(cfg, step, roles, generated, train_set, rounds, times, t_start)
+
+
+def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_set: StepSamples, rounds: int,
+                times: dict, t_start: float, sync=sync_weights) -> tuple[dict, dict]:
+    """The rest of a step once its samples are scored: reference, advantages, train, `sync(roles)`, and the
+    step's metrics and samples (see `run_step`). rollout/one_step_off.py calls it with its own rollouts."""
+    import ray
+
+    a = cfg.algorithm
+    n = a.group_size
     rewards = torch.tensor(generated.rewards, dtype=torch.float32)
     failures = sum(err is not None for err in generated.errors)
 
@@ -208,7 +218,7 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
         train_metrics.update(token_stats)
         times["train"] = time.perf_counter() - t
         t = time.perf_counter()
-        sync_weights(roles)
+        sync(roles)
         times["sync"] = time.perf_counter() - t
 
     total = time.perf_counter() - t_start
@@ -407,6 +417,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     sample_log = MetricsWriter(run_dir, resume_from_step=state.step if resume else None, filename="samples.jsonl")
     sampler = PromptSampler(task.train, cfg.seed, state.cursor)
     reward_budget = FailureBudget(cfg.reward.max_failure_fraction, cfg.reward.failure_window_steps)
+    ahead = None
+    if cfg.rollout.async_one_step_off:  # rollout of step t+1 overlaps training of step t
+        from posttrain.rollout.one_step_off import OneStepOffRollout
+
+        ahead = OneStepOffRollout(cfg, sampler, encoder)
 
     started_ray = not ray.is_initialized()
     start_ray(cfg.ray, needed_cpus(cfg))
@@ -430,14 +445,15 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         while state.step < cfg.train.steps:
             try:
                 sigterm.begin_step()
-                record, samples = run_step(cfg, state.step, roles, sampler, encoder)
+                record, samples = (ahead.run_step(state.step, roles) if ahead is not None
+                                   else run_step(cfg, state.step, roles, sampler, encoder))
             except StepAbandoned:  # SIGTERM, and the step could not finish within checkpoint.grace_seconds
                 raise preempt(cfg, roles, state, sigterm, last_ckpt_step, abandoned=True) from None
             finally:
                 sigterm.end_step()
             sample_log.write(samples)
             state.step += 1
-            state.cursor = sampler.cursor
+            state.cursor = ahead.cursor if ahead is not None else sampler.cursor
             if cfg.eval.every and state.step % cfg.eval.every == 0 and state.step < cfg.train.steps:
                 t = time.perf_counter()
                 acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
@@ -462,6 +478,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         writer.log_checkpoint(state.step, final_ckpt)
     finally:
         sigterm.restore()
+        if ahead is not None:
+            ahead.close()  # waits for a rollout still in flight before its actors go
         bar.close()
         writer.close()
         sample_log.close()

