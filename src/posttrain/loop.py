@@ -162,7 +162,6 @@ def signal_groups(cfg: RunConfig, samples: StepSamples) -> list[bool]:
 def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: PromptEncoder) -> tuple[dict, dict]:
     """One RL step; returns its metrics (including where its wall time went) and its samples
     (id, completion text, reward) for runs/<name>/samples.jsonl."""
-
     a = cfg.algorithm
     n = a.group_size
     times = dict.fromkeys(TIME_KEYS, 0.0)
