@@ -236,6 +236,44 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(50, ge=0, description="Held-out evaluation every k steps (0 = only before and after).")
     max_new_tokens: int = Field(8, gt=0, description="Longest greedy completion in held-out evaluation.")
+    suites: list[str] = Field(
+        default_factory=list,
+        description="In-loop eval: suites (files or built-in names, as `posttrain eval --suite`) run on every saved "
+        "checkpoint by an evaluator actor, without blocking training; each result is gated against the previous and "
+        "the best checkpoint and runs/<name>/best.json follows the best. Empty = off.",
+    )
+    gate_margin: float = Field(0.0, ge=0, description="In-loop gate: tolerated drop of a suite's mean score.")
+    gate_alpha: float = Field(0.05, gt=0, lt=1, description="In-loop gate: significance level after Holm correction.")
+    evaluator_cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved for the evaluator actor.")
+
+
+class AlarmRule(_Section):
+    """One reward-hacking alarm (posttrain.evals.alarms), checked after every step."""
+
+    kind: Literal["proxy_gold", "length_corr", "kl_accel", "entropy_collapse", "repetition", "rm_disagreement"] = Field(
+        description="proxy_gold: proxy reward rising while reward/gold falls; length_corr: length-reward correlation; "
+        "kl_accel: KL slope speeding up; entropy_collapse; repetition: n-gram repetition; rm_disagreement (needs an "
+        "RM ensemble, which posttrain does not have yet: rejected)."
+    )
+    action: Literal["warn", "stop", "rollback"] = Field(
+        "warn", description="warn: log alarm/<kind>; stop: checkpoint and end the run; rollback: load the best "
+        "checkpoint (eval.suites must be set) into trainer and engines and go on.",
+    )
+    threshold: float | None = Field(None, description="None = the detector's default (see docs/evals.md).")
+    window: int = Field(5, ge=3, description="Steps the slope/correlation detectors look back over.")
+    after_step: int = Field(0, ge=0, description="Ignore the alarm up to this step (warm-up).")
+
+
+class AlarmsConfig(_Section):
+    rules: list[AlarmRule] = Field(default_factory=list, description="Alarms to check every step (empty = none).")
+    repetition_n: int = Field(3, ge=1, description="n of the n-gram repetition rate (tokens).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "AlarmsConfig":
+        if any(r.kind == "rm_disagreement" for r in self.rules):
+            raise ValueError("alarms.rules: rm_disagreement needs two or more reward models, and the loop serves one "
+                             "(reward.rm_path); drop that rule")
+        return self
 
 
 class CheckpointConfig(_Section):
@@ -320,6 +358,7 @@ class RunConfig(_Section):
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    alarms: AlarmsConfig = Field(default_factory=AlarmsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)

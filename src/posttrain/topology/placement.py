@@ -45,7 +45,7 @@ class PlacementSpec:
 def planner_role(actor: str) -> str:
     if actor.startswith("rollout"):
         return "rollout"
-    return {"trainer": "policy", "reward_model": "reward"}.get(actor, actor)
+    return {"trainer": "policy", "reward_model": "reward", "evaluator": "rollout"}.get(actor, actor)
 
 
 def run_actors(cfg: RunConfig) -> list[str]:
