@@ -82,7 +82,10 @@ def test_gate_against_previous_and_best_moves_the_best_pointer(tmp_path):
     assert first["eval/samples_per_s"] == 20.0  # 40 samples in 2 s
     # B loses 20 of A's 30 passes and gains none: 20 discordant pairs all one way, exact McNemar
     # p = 2 * 0.5**20 = 1.9e-6 -> regressed against both the previous and the best (the same checkpoint here)
+    (tmp_path / "r/checkpoints/step_000004").mkdir(parents=True)
     worse = gate._gate(_result(4, [1.0] * 10 + [0.0] * 30), tmp_path / "r/checkpoints/step_000004")
+    verdict = json.loads((tmp_path / "r/checkpoints/step_000004/gate.json").read_text())  # what `posttrain view` shows
+    assert verdict["verdict"] == "fail" and "vs best: s -0.500 REGRESSED" in verdict["reason"]
     assert worse["eval/vs_previous/regressed"] == 1 and worse["eval/vs_best/regressed"] == 1
     assert worse["eval/vs_best/s/diff"] == pytest.approx(-0.5) and worse["eval/vs_best/s/p_holm"] == pytest.approx(2 * 0.5**20)
     assert worse["eval/is_best"] == 0 and ckpt.read_best_pointer(cfg.run_dir)["step"] == 2

@@ -123,6 +123,9 @@ def after_step_evals_and_alarms(cfg, roles, step: int, last_ckpt_step: int, in_l
     if fired.action == "stop":
         log(f"{what}: stopping the run (alarms.rules action stop)")
         return f"{fired.kind} at step {step}"
+    if in_loop is not None:  # the gate's verdicts on the checkpoints saved so far decide where to go back to
+        for r in in_loop.finish():
+            writer.write(r)
     best = in_loop.best_checkpoint() if in_loop is not None else None
     if best is None:
         log(f"{what}: no best checkpoint to roll back to yet, stopping the run")

@@ -60,6 +60,23 @@ def gate_metrics(prefix: str, rows) -> dict:
     return out
 
 
+def write_gate_file(checkpoint_dir: Path, record: dict) -> None:
+    """checkpoints/step_N/gate.json (what `posttrain view` shows per checkpoint): fail when the checkpoint
+    significantly regresses against the previous or the best one. Not in the manifest: the gate comes later."""
+    if not checkpoint_dir.is_dir():
+        return
+    failed = record.get("eval/vs_previous/regressed") or record.get("eval/vs_best/regressed")
+    parts = [f"score {record['eval/score']:.3f}"]
+    for ref in ("vs_previous", "vs_best"):
+        diffs = [f"{k.split('/')[2]} {v:+.3f}" for k, v in record.items() if k.startswith(f"eval/{ref}/") and k.endswith("/diff")]
+        if diffs:
+            parts.append(f"{ref.replace('_', ' ')}: {', '.join(diffs)}" + (" REGRESSED" if record[f"eval/{ref}/regressed"] else ""))
+    if record["eval/is_best"]:
+        parts.append("new best")
+    (checkpoint_dir / "gate.json").write_text(json.dumps({"verdict": "fail" if failed else "pass",
+                                                          "reason": "; ".join(parts), "metrics": record}))
+
+
 class InLoopEval:
     """The driver's half. `submit(step, checkpoint_dir)` after each checkpoint; `poll()` every step returns the
     metrics records of evaluations that finished; `finish()` waits for what is still running."""
@@ -153,6 +170,7 @@ class InLoopEval:
                                                    "path": str(path)})
             self.best = result
         record["eval/is_best"] = int(becomes_best)
+        write_gate_file(path, record)
         record["eval/best_step"] = self.best["step"]
         self.previous = result
         self.log(f"eval of step {step}: score {score:.3f}" + (" (new best)" if becomes_best else
