@@ -265,7 +265,13 @@ class AlarmRule(_Section):
 
 
 class AlarmsConfig(_Section):
-    rules: list[AlarmRule] = Field(default_factory=list, description="Alarms to check every step (empty = none).")
+    rules: list[AlarmRule] = Field(
+        default_factory=list,
+        description="Reward-hacking alarms checked every step (empty = none), each {kind, action, threshold, window, "
+        "after_step}: kind proxy_gold (needs reward.log_gold), length_corr, kl_accel, entropy_collapse or repetition; "
+        "action warn, stop or rollback (to the best checkpoint; needs eval.suites); threshold None = the default; "
+        "window in steps (>= 3, default 5); after_step: quiet until then. See docs/evals.md.",
+    )
     repetition_n: int = Field(3, ge=1, description="n of the n-gram repetition rate (tokens).")
 
     @model_validator(mode="after")
