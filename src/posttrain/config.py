@@ -273,6 +273,11 @@ class AlarmsConfig(_Section):
         "window in steps (>= 3, default 5); after_step: quiet until then. See docs/evals.md.",
     )
     repetition_n: int = Field(3, ge=1, description="n of the n-gram repetition rate (tokens).")
+    heldout_problems: int = Field(
+        64, ge=0, description="proxy_gold: after every step, greedy completions of this many fixed held-out problems "
+        "are scored with the reward (heldout/proxy) and the gold function (heldout/gold), the low-noise series the "
+        "alarm compares; 0 = compare the training samples' reward_mean and reward/gold instead.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "AlarmsConfig":

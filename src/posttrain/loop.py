@@ -387,6 +387,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     try:
         roles = create_roles(cfg, cfg.model.path)
         in_loop = InLoopEval(cfg, roles.evaluator, bar.log) if roles.evaluator is not None else None
+        alarms.attach(roles, encoder, task.heldout)
         if resume_path is not None:
             ray.get([roles.trainer.load.remote(str(resume_path))]
                     + ([roles.critic.load.remote(str(resume_path))] if roles.critic else []))

@@ -4,8 +4,10 @@ and returns the `alarm/<kind>` metrics of the alarms that fired, each with its e
 means for the run (stop, roll back) is decided by the loop; this module only says which action is due.
 
 What the loop's records offer the detectors (metrics.jsonl keys):
-    proxy_gold        reward_mean (the proxy: the composed reward) against reward/gold (needs reward.log_gold),
-                      with the gold-vs-sqrt(KL) fit on `kl`
+    proxy_gold        heldout/proxy against heldout/gold: the reward and the gold score of greedy completions of
+                      alarms.heldout_problems fixed held-out problems, measured after each step (needs
+                      reward.log_gold); with heldout_problems 0, the training samples' reward_mean and reward/gold.
+                      Evidence adds the gold-vs-sqrt(KL) fit on `kl`
     length_corr       response_length against reward_mean
     kl_accel          kl
     entropy_collapse  entropy
@@ -53,18 +55,46 @@ class LoopAlarms:
                                  "in-loop eval finds", hint="set eval.suites (e.g. [addition]) or use stop")
         self.rules = list(a.rules)
         self.after = {r.kind: r.after_step for r in a.rules}
+        keys = dict(LOOP_KEYS)
+        if a.heldout_problems:
+            keys["proxy_gold"] = {"proxy": "heldout/proxy", "gold": "heldout/gold"}
         self.monitor = AlarmMonitor([
             AlarmSpec(r.kind, r.action, DEFAULT_THRESHOLDS[r.kind] if r.threshold is None else r.threshold,
-                      r.window, dict(LOOP_KEYS.get(r.kind, {})))
+                      r.window, dict(keys.get(r.kind, {})))
             for r in a.rules])
+        self.cfg = cfg
         self.tokenizer = tokenizer
         self.n = a.repetition_n
         self.fired: list[FiredAlarm] = []
+        self.heldout = None  # (cfg, roles, encoder, problems) once `attach`ed, for proxy_gold's held-out series
         self.rollbacks: list[dict] = []
 
     @property
     def enabled(self) -> bool:
         return bool(self.rules)
+
+    def attach(self, roles, encoder, heldout: list) -> None:
+        """Gives proxy_gold its held-out problems and the run's engines and reward roles (after create_roles)."""
+        n = self.cfg.alarms.heldout_problems
+        if n and any(r.kind == "proxy_gold" for r in self.rules):
+            self.heldout = (roles, encoder, heldout[:n])
+
+    def heldout_proxy_and_gold(self) -> dict:
+        """Greedy completions of the fixed held-out problems by the current policy, scored with the run's reward
+        (the proxy) and the gold function: {"heldout/proxy": mean, "heldout/gold": mean}."""
+        from posttrain.loop import generate_on_workers, rollout_resync
+        from posttrain.rewards.scoring import score_batch
+        from posttrain.rollout.engine import SamplingSpec
+
+        roles, encoder, problems = self.heldout
+        prompts = [encoder.encode(p.prompt) for p in problems]
+        spec = SamplingSpec(n=1, max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0)
+        outs = [o[0] for o in generate_on_workers(roles.rollout, prompts, spec, [0] * len(prompts),
+                                                  rollout_resync(roles))]
+        items = [(p.id, p.prompt, p.answer, encoder.decode_completion(o.token_ids)) for p, o in zip(problems, outs)]
+        scored = score_batch(self.cfg, roles, items, [len(o.token_ids) for o in outs], roles.judge)
+        gold = scored.components["gold"]
+        return {"heldout/proxy": sum(scored.rewards) / len(items), "heldout/gold": sum(gold) / len(gold)}
 
     def repetition_rate(self, texts: list[str]) -> float:
         """Share of repeated token n-grams within each completion, pooled over the step's completions."""
@@ -78,6 +108,8 @@ class LoopAlarms:
         if not self.enabled:
             return {}
         extra = {"repetition_rate": self.repetition_rate(texts)}
+        if self.heldout is not None:
+            extra.update(self.heldout_proxy_and_gold())
         fed = {k: v for k, v in {**record, **extra}.items() if v is not None}  # entropy is None on a step that
         fired = [f for f in self.monitor.update(fed) if f.step > self.after.get(f.kind, 0)]  # trained nothing
         self.fired.extend(fired)
