@@ -60,9 +60,11 @@ def test_best_pointer_is_atomic_and_retention_keeps_the_best(tmp_path):
     ckpt.write_best_pointer(tmp_path, {"checkpoint": "step_000002", "step": 2})
     assert ckpt.read_best_pointer(tmp_path)["step"] == 2
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left behind
+    (root / "step_000004" / ckpt.HOLD).touch()  # the evaluator has yet to read it
     removed = ckpt.prune_checkpoints(root, keep_last=1)
-    assert [p.name for p in removed] == ["step_000004", "step_000006"]
-    assert [p.name for p in ckpt.list_checkpoints(root)] == ["step_000002", "step_000008"]
+    assert [p.name for p in removed] == ["step_000006"]
+    assert [p.name for p in ckpt.list_checkpoints(root)] == ["step_000002", "step_000004", "step_000008"]
+    ckpt.verify_checkpoint(root / "step_000004")  # the hold file is not part of the checkpoint
 
 
 def _result(step: int, scores: list[float]) -> dict:

@@ -88,6 +88,8 @@ class InLoopEval:
         self.run_dir = cfg.run_dir
         self.pending = None  # (step, checkpoint dir, ObjectRef)
         self.queued: tuple[int, Path] | None = None  # the newest checkpoint waiting for the actor
+        for stale in (self.run_dir / "checkpoints").glob(f"*/{ckpt.HOLD}"):  # left by a run that died
+            stale.unlink()
         self.previous = self._load(self._latest_step())
         best = ckpt.read_best_pointer(self.run_dir)
         self.best = self._load(best["step"]) if best else None
@@ -116,10 +118,13 @@ class InLoopEval:
     # ------------------------------------------------------------------ scheduling
 
     def submit(self, step: int, checkpoint_dir: Path) -> None:
+        (Path(checkpoint_dir) / ckpt.HOLD).touch()  # retention keeps it until the result is in
         if self.pending is None:
             ref = self.actor.evaluate.remote(step, str(Path(checkpoint_dir) / "model"))
             self.pending = (step, Path(checkpoint_dir), ref)
         else:  # one evaluation at a time; of the checkpoints saved meanwhile only the newest is evaluated
+            if self.queued is not None:
+                (self.queued[1] / ckpt.HOLD).unlink(missing_ok=True)
             self.queued = (step, Path(checkpoint_dir))
 
     def poll(self, block: bool = False) -> list[dict]:
@@ -132,7 +137,10 @@ class InLoopEval:
             if not ready:
                 break
             self.pending = None
-            records.append(self._gate(ray.get(ref), path))
+            try:
+                records.append(self._gate(ray.get(ref), path))
+            finally:
+                (path / ckpt.HOLD).unlink(missing_ok=True)
             if self.queued is not None:
                 queued, self.queued = self.queued, None
                 self.submit(*queued)

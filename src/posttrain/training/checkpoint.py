@@ -148,6 +148,7 @@ def prune_checkpoints(root: str | Path, keep_last: int, protect: tuple[Path, ...
     best = read_best_pointer(root.parent)
     if best is not None:  # the in-loop eval's best checkpoint is never deleted
         keep.add(root / best["checkpoint"])
+    keep |= {p for p in ckpts if (p / HOLD).exists()}  # nor one the evaluator has yet to read
     newest_valid = latest_valid_checkpoint(root, warn=lambda _m: None)
     if newest_valid is not None:
         keep.add(newest_valid)
@@ -162,6 +163,7 @@ def prune_checkpoints(root: str | Path, keep_last: int, protect: tuple[Path, ...
 
 
 BEST_POINTER = "best.json"  # in the run directory, beside checkpoints/
+HOLD = ".eval-hold"  # a file inside a checkpoint: retention keeps it until the in-loop evaluator has read it
 
 
 def write_best_pointer(run_dir: str | Path, info: dict) -> Path:
