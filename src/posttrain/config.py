@@ -262,6 +262,14 @@ class AlarmRule(_Section):
     threshold: float | None = Field(None, description="None = the detector's default (see docs/evals.md).")
     window: int = Field(5, ge=3, description="Steps the slope/correlation detectors look back over.")
     after_step: int = Field(0, ge=0, description="Ignore the alarm up to this step (warm-up).")
+    drop: float | None = Field(
+        None, gt=0, lt=1, description="proxy_gold: also fire when gold has fallen this share below its peak while the "
+        "proxy stands above its value at that peak (None = slopes only).",
+    )
+    proxy: Literal["heldout", "train"] = Field(
+        "heldout", description="proxy_gold: the proxy series: heldout = the reward of the held-out greedy completions "
+        "(heldout/proxy), train = the training batch's reward_mean (what RL maximizes).",
+    )
 
 
 class AlarmsConfig(_Section):

@@ -99,3 +99,15 @@ def test_gate_against_previous_and_best_moves_the_best_pointer(tmp_path):
     # a resumed run finds its previous and best results on disk
     again = InLoopEval(cfg, actor=None)
     assert again.best["step"] == 6 and again.previous["step"] == 6
+
+
+def test_gold_drawdown_by_hand():
+    from posttrain.evals.alarms import gold_drawdown
+
+    # peak 0.60 at step 1; limit 0.60 - 0.05 * 0.60 = 0.57; 0.56 < 0.57 and proxy 0.4 > 0.2 at the peak -> fires
+    ev = gold_drawdown([1, 2, 3], [0.2, 0.3, 0.4], [0.60, 0.58, 0.56], drop=0.05)
+    assert ev == {"gold_peak": 0.60, "gold_peak_step": 1, "gold_now": 0.56, "proxy_at_peak": 0.2, "proxy_now": 0.4}
+    assert gold_drawdown([1, 2, 3], [0.2, 0.3, 0.4], [0.60, 0.58, 0.575], drop=0.05) is None  # 0.575 >= 0.57
+    assert gold_drawdown([1, 2, 3], [0.2, 0.3, 0.1], [0.60, 0.58, 0.50], drop=0.05) is None  # proxy fell too
+    alarms = _alarms("{kind: proxy_gold, proxy: train, drop: 0.05}", extra=["reward.log_gold=true"])
+    assert alarms.monitor.specs[0].keys["proxy"] == "reward_mean" and alarms.monitor.specs[0].drop == 0.05

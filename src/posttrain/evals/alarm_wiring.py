@@ -55,12 +55,16 @@ class LoopAlarms:
                                  "in-loop eval finds", hint="set eval.suites (e.g. [addition]) or use stop")
         self.rules = list(a.rules)
         self.after = {r.kind: r.after_step for r in a.rules}
-        keys = dict(LOOP_KEYS)
-        if a.heldout_problems:
-            keys["proxy_gold"] = {"proxy": "heldout/proxy", "gold": "heldout/gold"}
+        def keys(r) -> dict:
+            if r.kind != "proxy_gold":
+                return dict(LOOP_KEYS.get(r.kind, {}))
+            if not a.heldout_problems:
+                return {"gold": "reward/gold"}
+            return {"proxy": "heldout/proxy" if r.proxy == "heldout" else "reward_mean", "gold": "heldout/gold"}
+
         self.monitor = AlarmMonitor([
             AlarmSpec(r.kind, r.action, DEFAULT_THRESHOLDS[r.kind] if r.threshold is None else r.threshold,
-                      r.window, dict(keys.get(r.kind, {})))
+                      r.window, keys(r), r.drop)
             for r in a.rules])
         self.cfg = cfg
         self.tokenizer = tokenizer
