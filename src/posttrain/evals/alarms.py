@@ -205,7 +205,9 @@ class AlarmMonitor:
             return evidence
         if spec.kind == "length_corr":
             steps, length, reward = self._series(k["length"], k["reward"], window=w)
-            r = pearson(length, reward) if len(steps) >= 3 else 0.0
+            if len(steps) < 3:  # no correlation from fewer points (r = 0 would pass a negative threshold)
+                return None
+            r = pearson(length, reward)
             return {"pearson": r, "window": [steps[0], steps[-1]]} if r > (spec.threshold or 0.8) else None
         if spec.kind == "kl_accel":
             steps, kl = self._series(k["kl"], window=w)
