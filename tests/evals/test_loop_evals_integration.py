@@ -22,7 +22,7 @@ from posttrain.training import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration
 
-ALL_ALARMS = ("[{kind: length_corr}, {kind: kl_accel}, {kind: entropy_collapse}, {kind: repetition}]")
+ALL_ALARMS = ("[{kind: length_corr, window: 8}, {kind: kl_accel}, {kind: entropy_collapse}, {kind: repetition}]")
 SUITE = """
 suites:
   - name: heldout
