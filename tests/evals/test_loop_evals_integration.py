@@ -85,14 +85,16 @@ def test_clean_run_raises_no_alarm(clean_run):
 def test_evaluator_gates_every_checkpoint_and_keeps_the_best(clean_run):
     cfg, summary = clean_run
     evals = [m for m in read_metrics(cfg.run_dir) if "eval/score" in m]
-    assert sorted(m["step"] for m in evals) == [4, 8, 12]  # checkpoints at 4 and 8, the final one at 12
+    # checkpoints at 4 and 8, the final one at 12; one evaluation at a time, so 8 may give way to the newer 12
+    done = sorted(m["step"] for m in evals)
+    assert done[0] == 4 and done[-1] == 12 and set(done) <= {4, 8, 12}
     for m in evals:
         assert 0 <= m["eval/heldout/mean"] <= 1 and m["eval/gold/mean"] <= 1 and m["eval/samples_per_s"] > 0
     later = [m for m in evals if m["step"] > 4]
     assert all("eval/vs_previous/heldout/ci_low" in m and "eval/vs_best/regressed" in m for m in later)
     best = ckpt.read_best_pointer(cfg.run_dir)
-    best_eval = max(evals, key=lambda m: (m["eval/is_best"], m["step"]) if m["eval/is_best"] else (0, 0))
-    assert best["step"] == best_eval["step"] == evals[-1]["eval/best_step"]
+    last_best = [m["step"] for m in sorted(evals, key=lambda m: m["step"]) if m["eval/is_best"]][-1]
+    assert best["step"] == last_best == max(evals, key=lambda m: m["step"])["eval/best_step"]
     # keep_last=1, yet retention kept the best checkpoint beside the newest
     kept = [p.name for p in ckpt.list_checkpoints(cfg.run_dir / "checkpoints")]
     assert best["checkpoint"] in kept and kept[-1] == "step_000012"
@@ -122,6 +124,7 @@ def test_rollback_restores_the_best_weights_into_trainer_and_engines_then_stop_e
     assert best_at_6 in ("step_000002", "step_000004", "step_000006")
     # Engines got the restored weights too: the trainer recomputes the logprobs of what the engines sampled with
     # the same weights, so their gap stays at float noise (a stale engine would be off by far more).
-    assert steps[7]["logprob_gap_mean"] < 1e-3 and steps[10]["logprob_gap_mean"] < 1e-3
+    gaps = [steps[s]["logprob_gap_mean"] for s in (7, 8, 9, 10) if steps[s]["logprob_gap_mean"] is not None]
+    assert gaps and max(gaps) < 1e-3, gaps  # (None: a step whose groups all had equal rewards trains nothing)
     assert any(m.get("alarm/rollback_to") == best_at_6 for m in metrics)
     assert (cfg.run_dir / "checkpoints" / "step_000010").is_dir()  # the clean stop wrote its checkpoint
