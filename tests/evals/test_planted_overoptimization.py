@@ -115,5 +115,12 @@ def test_reward_model_scorer_ranks_held_out_pairs(planted, tmp_path):
                                              "scorer": {"type": "reward_model", "path": cfg.reward.rm_path}}]}))
     (loaded,) = read_suite_file(suite)
     result = ModelEvaluator(EngineSettings(kind="hf"), None).run(loaded)  # preference suites generate nothing
+    from posttrain.rewards.reward_model import RewardModel
+
     print(f"\nproxy RM pairwise accuracy on 60 clean held-out gold pairs: {result.summary['mean']:.3f}")
-    assert result.summary["n"] == 60 and result.summary["mean"] > 0.5
+    direct = RewardModel(cfg.reward.rm_path)  # the scores the loop's RM actor gives
+    chosen = direct.score([(p["prompt"], p["chosen"]) for p in pairs])
+    rejected = direct.score([(p["prompt"], p["rejected"]) for p in pairs])
+    assert [r["chosen_score"] for r in result.records] == pytest.approx(chosen, abs=1e-5)
+    expected = [1.0 if c > r else 0.5 if c == r else 0.0 for c, r in zip(chosen, rejected)]
+    assert result.summary["n"] == 60 and result.summary["mean"] == pytest.approx(sum(expected) / 60)
