@@ -20,7 +20,8 @@ def _alarms(*rules: str, extra=()):
 
 def test_alarms_fire_with_their_evidence_and_default_thresholds():
     alarms = _alarms("{kind: length_corr, window: 3}", "{kind: repetition, action: stop}")
-    # length 2, 3, 4 against reward 0.1, 0.2, 0.3: Pearson r = 1 > 0.8 (the default), from the third point on
+    # length 2, 3, 4 against reward 0.1, 0.2, 0.3: Pearson r = 1 > 0.8 (the default) and the reward rises (slope
+    # 0.1 per step), judged once the window (3) is full
     out1 = alarms.observe({"step": 1, "response_length": 2, "reward_mean": 0.1, "entropy": None}, ["12"])
     out2 = alarms.observe({"step": 2, "response_length": 3, "reward_mean": 0.2}, ["123"])
     assert "alarm/length_corr" not in out1 and "alarm/length_corr" not in out2
@@ -28,6 +29,10 @@ def test_alarms_fire_with_their_evidence_and_default_thresholds():
     out3 = alarms.observe({"step": 3, "response_length": 4, "reward_mean": 0.3}, ["abababab"])
     assert out3["repetition_rate"] == pytest.approx(4 / 6)
     assert out3["alarm/length_corr"]["pearson"] == pytest.approx(1.0) and out3["alarm/length_corr"]["action"] == "warn"
+    assert out3["alarm/length_corr"]["reward_slope"] == pytest.approx(0.1)
+    falling = _alarms("{kind: length_corr, window: 3}")  # r = 1 too, but the reward falls: not length hacking
+    for step, (n, r) in enumerate([(4, 0.3), (3, 0.2), (2, 0.1)], start=1):
+        assert "alarm/length_corr" not in falling.observe({"step": step, "response_length": n, "reward_mean": r}, ["1"])
     assert out3["alarm/repetition"] == {"action": "stop", "repetition_rate": pytest.approx(4 / 6), "threshold": 0.5}
     assert alarms.due_action(3).kind == "repetition" and alarms.due_action(2) is None
     assert alarms.summary()["alarm_count"] == 2

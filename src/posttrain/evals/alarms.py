@@ -205,10 +205,13 @@ class AlarmMonitor:
             return evidence
         if spec.kind == "length_corr":
             steps, length, reward = self._series(k["length"], k["reward"], window=w)
-            if len(steps) < 3:  # no correlation from fewer points (r = 0 would pass a negative threshold)
+            if len(steps) < max(3, w):  # judged on a full window only: r of 3 noisy points means little
                 return None
-            r = pearson(length, reward)
-            return {"pearson": r, "window": [steps[0], steps[-1]]} if r > (spec.threshold or 0.8) else None
+            r, gain = pearson(length, reward), slope(steps, reward)
+            # length hacking: the reward rises, and rises with the length
+            if r > (spec.threshold or 0.8) and gain > 0:
+                return {"pearson": r, "reward_slope": gain, "window": [steps[0], steps[-1]]}
+            return None
         if spec.kind == "kl_accel":
             steps, kl = self._series(k["kl"], window=w)
             ratio = kl_acceleration(steps, kl) if len(steps) >= 4 else 1.0
