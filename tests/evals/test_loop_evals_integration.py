@@ -108,16 +108,16 @@ def test_evaluator_gates_every_checkpoint_and_keeps_the_best(clean_run):
 
 def test_rollback_restores_the_best_weights_into_trainer_and_engines_then_stop_ends_the_run(
         ray_session, tmp_path_factory, warm_model_dir, suite_file):
-    # length_corr with threshold -1 fires as soon as it has 3 points (Pearson r > -1); after_step holds it back.
-    rules = ("[{kind: length_corr, threshold: -1.0, window: 3, action: rollback, after_step: 5},"
+    # repetition with threshold -1 fires at every step it is allowed to (the rate is >= 0); after_step holds it back
+    rules = ("[{kind: repetition, threshold: -1.0, action: rollback, after_step: 5},"
              " {kind: repetition, threshold: -1.0, action: stop, after_step: 9}]")
     cfg = _cfg(tmp_path_factory.mktemp("rollback"), warm_model_dir, "rollback", "train.steps=12",
                "checkpoint.every=2", "checkpoint.keep_last=2", f"eval.suites=[{suite_file}]", f"alarms.rules={rules}")
     summary = train(cfg, progress=False)
     metrics = read_metrics(cfg.run_dir)
     steps = {m["step"]: m for m in metrics if "time/step" in m}
-    # rollback at step 6 (history 1..6), then the history restarts: 7, 8, 9 -> rollback at 9; stop at 10
-    assert [r["step"] for r in summary["rollbacks"]] == [6, 9]
+    # rollback after steps 6, 7, 8 and 9; at step 10 both rules fire and stop wins
+    assert [r["step"] for r in summary["rollbacks"]] == [6, 7, 8, 9]
     assert summary["stopped_by_alarm"].startswith("repetition at step 10") and summary["steps"] == 10
     assert sorted(steps) == list(range(1, 11))
     best_at_6 = summary["rollbacks"][0]["to"]

@@ -54,7 +54,7 @@ class LoopAlarms:
             raise PosttrainError("alarms.rules: action rollback goes back to the best checkpoint, which only the "
                                  "in-loop eval finds", hint="set eval.suites (e.g. [addition]) or use stop")
         self.rules = list(a.rules)
-        self.after = {r.kind: r.after_step for r in a.rules}
+        self.after = {(r.kind, r.action): r.after_step for r in a.rules}
         def keys(r) -> dict:
             if r.kind != "proxy_gold":
                 return dict(LOOP_KEYS.get(r.kind, {}))
@@ -115,7 +115,7 @@ class LoopAlarms:
         if self.heldout is not None:
             extra.update(self.heldout_proxy_and_gold())
         fed = {k: v for k, v in {**record, **extra}.items() if v is not None}  # entropy is None on a step that
-        fired = [f for f in self.monitor.update(fed) if f.step > self.after.get(f.kind, 0)]  # trained nothing
+        fired = [f for f in self.monitor.update(fed) if f.step > self.after.get((f.kind, f.action), 0)]  # trained nothing
         self.fired.extend(fired)
         for f in fired:
             extra[f"alarm/{f.kind}"] = {"action": f.action, **_finite(f.evidence)}
