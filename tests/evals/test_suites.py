@@ -98,7 +98,9 @@ def test_judge_scorer_against_a_local_endpoint(tmp_path):
         assert "Answer: 46" in seen[0]["messages"][0]["content"] and seen[0]["model"] == "m"
     finally:
         server.shutdown()
-    dead = build_scorer({"type": "judge", "url": url, "retries": 0, "cache": str(tmp_path / "d.sqlite")}, where="f")
+        server.server_close()  # the port now refuses connections
+    dead = build_scorer({"type": "judge", "url": url, "retries": 0, "timeout_s": 5, "cache": str(tmp_path / "d.sqlite")},
+                        where="f")
     with pytest.raises(PosttrainError, match="judge scorer, sample b: judge request failed"):
         dead("1+1=", "2", {"id": "b"})
 
