@@ -56,6 +56,11 @@ def test_config_refuses_what_one_step_off_cannot_honour():
         check_one_step_off_config(load_config(None, ["rollout.async_one_step_off=true", "rollout.temperature=0.7"]))
     with pytest.raises(PosttrainError, match="dynamic_sampling_rounds"):
         check_one_step_off_config(load_config(None, ["rollout.async_one_step_off=true", "algorithm.name=dapo"]))
+    with pytest.raises(PosttrainError, match="action is rollback"):
+        check_one_step_off_config(load_config(None, ["rollout.async_one_step_off=true",
+                                                     "alarms.rules=[{kind: repetition, action: rollback}]"]))
+    with pytest.raises(PosttrainError, match="topology.trainer_ranks=2"):
+        check_one_step_off_config(load_config(None, ["rollout.async_one_step_off=true", "topology.trainer_ranks=2"]))
     assert load_config(None, []).rollout.async_one_step_off is False  # the demo stays synchronous
 
 

@@ -245,6 +245,63 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(50, ge=0, description="Held-out evaluation every k steps (0 = only before and after).")
     max_new_tokens: int = Field(8, gt=0, description="Longest greedy completion in held-out evaluation.")
+    suites: list[str] = Field(
+        default_factory=list,
+        description="In-loop eval: suites (files or built-in names, as `posttrain eval --suite`) run on every saved "
+        "checkpoint by an evaluator actor, without blocking training; each result is gated against the previous and "
+        "the best checkpoint and runs/<name>/best.json follows the best. Empty = off.",
+    )
+    gate_margin: float = Field(0.0, ge=0, description="In-loop gate: tolerated drop of a suite's mean score.")
+    gate_alpha: float = Field(0.05, gt=0, lt=1, description="In-loop gate: significance level after Holm correction.")
+    evaluator_cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved for the evaluator actor.")
+
+
+class AlarmRule(_Section):
+    """One reward-hacking alarm (posttrain.evals.alarms), checked after every step."""
+
+    kind: Literal["proxy_gold", "length_corr", "kl_accel", "entropy_collapse", "repetition", "rm_disagreement"] = Field(
+        description="proxy_gold: proxy reward rising while reward/gold falls; length_corr: length-reward correlation; "
+        "kl_accel: KL slope speeding up; entropy_collapse; repetition: n-gram repetition; rm_disagreement (needs an "
+        "RM ensemble, which posttrain does not have yet: rejected)."
+    )
+    action: Literal["warn", "stop", "rollback"] = Field(
+        "warn", description="warn: log alarm/<kind>; stop: checkpoint and end the run; rollback: load the best "
+        "checkpoint (eval.suites must be set) into trainer and engines and go on.",
+    )
+    threshold: float | None = Field(None, description="None = the detector's default (see docs/evals.md).")
+    window: int = Field(5, ge=3, description="Steps the slope/correlation detectors look back over.")
+    after_step: int = Field(0, ge=0, description="Ignore the alarm up to this step (warm-up).")
+    drop: float | None = Field(
+        None, gt=0, lt=1, description="proxy_gold: also fire when gold has fallen this share below its peak while the "
+        "proxy stands above its value at that peak (None = slopes only).",
+    )
+    proxy: Literal["heldout", "train"] = Field(
+        "heldout", description="proxy_gold: the proxy series: heldout = the reward of the held-out greedy completions "
+        "(heldout/proxy), train = the training batch's reward_mean (what RL maximizes).",
+    )
+
+
+class AlarmsConfig(_Section):
+    rules: list[AlarmRule] = Field(
+        default_factory=list,
+        description="Reward-hacking alarms checked every step (empty = none), each {kind, action, threshold, window, "
+        "after_step}: kind proxy_gold (needs reward.log_gold), length_corr, kl_accel, entropy_collapse or repetition; "
+        "action warn, stop or rollback (to the best checkpoint; needs eval.suites); threshold None = the default; "
+        "window in steps (>= 3, default 5); after_step: quiet until then. See docs/evals.md.",
+    )
+    repetition_n: int = Field(3, ge=1, description="n of the n-gram repetition rate (tokens).")
+    heldout_problems: int = Field(
+        64, ge=0, description="proxy_gold: after every step, greedy completions of this many fixed held-out problems "
+        "are scored with the reward (heldout/proxy) and the gold function (heldout/gold), the low-noise series the "
+        "alarm compares; 0 = compare the training samples' reward_mean and reward/gold instead.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "AlarmsConfig":
+        if any(r.kind == "rm_disagreement" for r in self.rules):
+            raise ValueError("alarms.rules: rm_disagreement needs two or more reward models, and the loop serves one "
+                             "(reward.rm_path); drop that rule")
+        return self
 
 
 class CheckpointConfig(_Section):
@@ -332,6 +389,7 @@ class RunConfig(_Section):
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    alarms: AlarmsConfig = Field(default_factory=AlarmsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)

@@ -17,6 +17,8 @@ from posttrain.algorithms.dapo import fill_groups
 from posttrain.algorithms.grpo import nonzero_variance_groups
 from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
+from posttrain.evals.alarm_wiring import LoopAlarms, after_step_evals_and_alarms
+from posttrain.evals.in_loop import InLoopEval
 from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
 from posttrain.preemption import (ASSUMED_CHECKPOINT_BYTES_PER_S, Preempted, SigtermWatch, StepAbandoned,
                                   point_of_no_return)
@@ -421,6 +423,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         from posttrain.rollout.one_step_off import OneStepOffRollout
 
         ahead = OneStepOffRollout(cfg, sampler, encoder)
+    alarms = LoopAlarms(cfg, tokenizer)  # reward-hacking alarms (alarms.rules), fed every step
+    in_loop = stopped_by = None
 
     started_ray = not ray.is_initialized()
     start_ray(cfg.ray, needed_cpus(cfg))
@@ -429,6 +433,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     roles = None
     try:
         roles = create_roles(cfg, cfg.model.path)
+        in_loop = InLoopEval(cfg, roles.evaluator, bar.log) if roles.evaluator is not None else None
+        alarms.attach(roles, encoder, task.heldout)
         if resume_path is not None:
             ray.get([roles.trainer.load.remote(str(resume_path))]
                     + ([roles.critic.load.remote(str(resume_path))] if roles.critic else []))
@@ -460,12 +466,17 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
                 record["eval/heldout_accuracy"] = acc
                 record["time/eval"] = time.perf_counter() - t
                 state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
+            record.update(alarms.observe(record, [s[1] for s in samples["samples"]]))
             writer.write(record)
             reward_budget.check(record, samples)
             bar.update(state.step, reward=record["reward_mean"], acc=record["accuracy"], **{"tok/s": int(record["tokens_per_s"])})
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.train.steps:
                 writer.log_checkpoint(state.step, timed_checkpoint(cfg, roles, state, sigterm))
                 last_ckpt_step = state.step
+            stopped_by = after_step_evals_and_alarms(cfg, roles, state.step, last_ckpt_step, in_loop, alarms, writer,
+                                                     bar.log)
+            if stopped_by:
+                break
             if sigterm.requested and state.step < cfg.train.steps:
                 raise preempt(cfg, roles, state, sigterm, last_ckpt_step)
         if not state.eval_history or state.eval_history[-1]["step"] != state.step:
@@ -475,6 +486,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             writer.write({"step": state.step, "eval/heldout_accuracy": acc})
         final_ckpt = save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step else ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
         writer.log_checkpoint(state.step, final_ckpt)
+        if in_loop is not None:  # the final checkpoint too; waits for the evaluator
+            if last_ckpt_step != state.step:  # else submitted when it was saved
+                in_loop.submit(state.step, final_ckpt)
+            for r in in_loop.finish():
+                writer.write(r)
     finally:
         sigterm.restore()
         if ahead is not None:
@@ -491,6 +507,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
 
     summary = build_summary(cfg, state, final_ckpt, time.perf_counter() - wall0)
     summary["curves"] = str(plot_run(run_dir))
+    summary.update(alarms.summary(), stopped_by_alarm=stopped_by,
+                   best_checkpoint=str(in_loop.best_checkpoint()) if in_loop and in_loop.best_checkpoint() else None)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

@@ -130,5 +130,5 @@ def test_eval_cli_user_errors_exit_2(tmp_path, models):
     bad.write_text("suites:\n  - {name: s, kind: generation, scorer: {type: reward_model}, samples: [{prompt: a}]}\n")
     done = cli("eval", "--model", models["warm"], "--suite", str(bad), "--out", str(tmp_path / "o"))
     assert done.returncode == 2
-    assert "suite s, field scorer: scorer 'reward_model' is not available yet" in done.stderr
+    assert "suite s, field scorer: bad options for scorer 'reward_model'" in done.stderr
     assert "Traceback" not in done.stderr

@@ -50,10 +50,62 @@ def test_scorers(spec, output, answer, expected):
     assert build_scorer(spec, where="t")("p", output, {"id": "s", "answer": answer}) == expected
 
 
-def test_unavailable_and_bad_scorers_say_what_to_do():
-    for name in ("reward_model", "judge", "gold"):
-        with pytest.raises(PosttrainError, match=f"suite x, field scorer: scorer '{name}' is not available yet"):
-            build_scorer({"type": name, "path": "rm/"}, where="f.yaml, suite x")
+def test_model_scorers_check_their_options():
+    with pytest.raises(PosttrainError, match="suite x, field scorer: reward_model scorer: rm/ is not a reward-model"):
+        build_scorer({"type": "reward_model", "path": "rm/"}, where="f.yaml, suite x")
+    with pytest.raises(PosttrainError, match="suite x, field scorer: gold scorer: task 'sorting' has no gold"):
+        build_scorer({"type": "gold", "task": "sorting"}, where="f.yaml, suite x")
+    with pytest.raises(PosttrainError, match="bad options for scorer 'judge'"):
+        build_scorer({"type": "judge"}, where="f")  # url is required
+
+
+def test_gold_scorer_by_hand():
+    gold = build_scorer({"type": "gold"}, where="f")
+    # digit credit minus 0.1 per character beyond the answer: '432' -> 1; '431' -> 2/3; '4320' -> 0 - 0.1
+    assert gold("p", "432", {"answer": "432"}) == 1.0
+    assert gold("p", "431", {"answer": "432"}) == pytest.approx(2 / 3)
+    assert gold("p", "4320", {"answer": "432"}) == pytest.approx(-0.1)
+
+
+def test_judge_scorer_against_a_local_endpoint(tmp_path):
+    """A stdlib HTTP server on 127.0.0.1 answering in the OpenAI chat format (the judge itself is tested against
+    vLLM's server in tests/test_judge.py): the reply 7 on 0..10 is 0.7; a dead endpoint is an error."""
+    import http.server
+    import json
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps({"choices": [{"message": {"content": "7"}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        judge = build_scorer({"type": "judge", "url": url, "cache": str(tmp_path / "c.sqlite"), "model": "m"},
+                             where="f")
+        assert judge("12+34=", "46", {"id": "a"}) == pytest.approx(0.7)
+        assert "Answer: 46" in seen[0]["messages"][0]["content"] and seen[0]["model"] == "m"
+    finally:
+        server.shutdown()
+        server.server_close()  # the port now refuses connections
+    dead = build_scorer({"type": "judge", "url": url, "retries": 0, "timeout_s": 5, "cache": str(tmp_path / "d.sqlite")},
+                        where="f")
+    with pytest.raises(PosttrainError, match="judge scorer, sample b: judge request failed"):
+        dead("1+1=", "2", {"id": "b"})
+
+
+def test_bad_scorers_say_what_to_do():
     with pytest.raises(PosttrainError, match="scorer.type: unknown scorer 'bleu'"):
         build_scorer({"type": "bleu"}, where="f")
     with pytest.raises(PosttrainError, match="bad options for scorer 'regex'"):
@@ -62,7 +114,7 @@ def test_unavailable_and_bad_scorers_say_what_to_do():
         build_scorer({"type": "python", "hook": "evalhooks:nope"}, where="f")
 
 
-def test_registered_scorer_replaces_a_placeholder():
+def test_register_scorer_replaces_a_scorer():
     saved = SCORERS["reward_model"]
     try:
         register_scorer("reward_model", lambda scale=1.0: (lambda p, o, r: scale * len(o)))
@@ -131,7 +183,7 @@ def test_jsonl_samples_path_relative_to_the_suite_file(tmp_path):
      "suite s4, field samples\\[1\\].id: duplicate id 'a'"),
     ("suites:\n  - {name: s5, kind: quiz}", "suite s5, field kind"),
     ("suites:\n  - {name: s6, kind: generation, scorer: {type: judge}, samples: [{prompt: a}]}",
-     "suite s6, field scorer: scorer 'judge' is not available yet"),
+     "suite s6, field scorer: bad options for scorer 'judge'"),
     ("suites: [", "not valid YAML"),
     ("tasks: []", "needs a top-level list 'suites:'"),
 ])

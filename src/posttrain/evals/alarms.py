@@ -39,6 +39,20 @@ def proxy_gold_divergence(
     return None
 
 
+def gold_drawdown(steps: Sequence[float], proxy: Sequence[float], gold: Sequence[float], *, drop: float) -> dict | None:
+    """Evidence when gold has fallen more than `drop` (a share of |peak|) below its peak while the proxy now stands
+    above its value at that peak: the over-optimization the slopes see only a window later. None otherwise.
+    gold 0.60, 0.58, 0.56 with proxy 0.2, 0.3, 0.4 and drop 0.05: 0.56 < 0.60 - 0.03 and 0.4 > 0.2 -> fires."""
+    if len(gold) < 2:
+        return None
+    peak = int(np.argmax(gold))
+    limit = gold[peak] - drop * abs(gold[peak])
+    if peak < len(gold) - 1 and gold[-1] < limit and proxy[-1] > proxy[peak]:
+        return {"gold_peak": gold[peak], "gold_peak_step": steps[peak], "gold_now": gold[-1],
+                "proxy_at_peak": proxy[peak], "proxy_now": proxy[-1]}
+    return None
+
+
 @dataclass(frozen=True)
 class GoldKLFit:
     """gold - gold_0 ~= d * (alpha - beta * d), d = sqrt(KL to the initial policy) (Gao et al. 2022, best-of-n /
@@ -134,6 +148,7 @@ class AlarmSpec:
     threshold: float = 0.0
     window: int = 5
     keys: dict = field(default_factory=dict)
+    drop: float | None = None  # proxy_gold: also fire on a gold drawdown of this share from its peak (gold_drawdown)
 
     def __post_init__(self):
         if self.kind not in DEFAULT_KEYS:
@@ -180,6 +195,8 @@ class AlarmMonitor:
         if spec.kind == "proxy_gold":
             steps, proxy, gold = self._series(k["proxy"], k["gold"], window=w)
             evidence = proxy_gold_divergence(steps, proxy, gold, min_proxy_slope=spec.threshold) if len(steps) >= 3 else None
+            if evidence is None and spec.drop is not None:
+                evidence = gold_drawdown(*self._series(k["proxy"], k["gold"], window=10**9), drop=spec.drop)
             if evidence is not None:
                 _, kl, all_gold = self._series(k.get("kl", "kl"), k["gold"], window=10**9)
                 if len(kl) >= 3:  # where the whole run's gold-vs-sqrt(KL) curve peaks (Gao et al. 2022)
@@ -188,8 +205,13 @@ class AlarmMonitor:
             return evidence
         if spec.kind == "length_corr":
             steps, length, reward = self._series(k["length"], k["reward"], window=w)
-            r = pearson(length, reward) if len(steps) >= 3 else 0.0
-            return {"pearson": r, "window": [steps[0], steps[-1]]} if r > (spec.threshold or 0.8) else None
+            if len(steps) < max(3, w):  # judged on a full window only: r of 3 noisy points means little
+                return None
+            r, gain = pearson(length, reward), slope(steps, reward)
+            # length hacking: the reward rises, and rises with the length
+            if r > (spec.threshold or 0.8) and gain > 0:
+                return {"pearson": r, "reward_slope": gain, "window": [steps[0], steps[-1]]}
+            return None
         if spec.kind == "kl_accel":
             steps, kl = self._series(k["kl"], window=w)
             ratio = kl_acceleration(steps, kl) if len(steps) >= 4 else 1.0

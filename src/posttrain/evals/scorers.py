@@ -3,14 +3,16 @@
 and any other fields the suite file gave it).
 
 A suite names its scorer as `{type: NAME, ...options}`; `build_scorer` looks NAME up in `SCORERS` and calls the
-factory with the options. The reward model, the judge and the gold function register themselves here
-(`register_scorer`) once they exist; until then their names raise a clear error.
+factory with the options: exact, numeric, regex, verifier, python (a user hook), reward_model (a trained RM
+directory), judge (an LLM judge endpoint) and gold (a built-in task's hidden gold function). `register_scorer`
+adds more.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+from pathlib import Path
 from typing import Callable
 
 from posttrain.errors import PosttrainError
@@ -91,14 +93,50 @@ def python_scorer(*, hook: str) -> Scorer:
     return lambda prompt, output, record: float(fn(prompt, output, record))
 
 
-def _not_available(name: str) -> ScorerFactory:
-    def factory(**options) -> Scorer:
-        raise PosttrainError(
-            f"scorer {name!r} is not available yet: no {name.replace('_', ' ')} is wired into evals",
-            hint="use exact, numeric, regex, verifier or python (module:function) for now",
-        )
+def reward_model_scorer(*, path: str, chat_template: str = "auto", normalized: bool = True) -> Scorer:
+    """A trained reward model (`posttrain rm train` writes one) in this process: its score of (prompt, output),
+    normalized by the mean/std stored with the model unless normalized: false."""
+    from posttrain.rewards.reward_model import RewardModel
 
-    return factory
+    if not (Path(path) / "posttrain_reward.json").is_file():
+        raise PosttrainError(f"reward_model scorer: {path} is not a reward-model directory (no posttrain_reward.json)",
+                             hint="point path at the directory `posttrain rm train` wrote (rm.out)")
+    rm = RewardModel(str(path), chat_template=chat_template)
+    pick = rm.score if normalized else rm.raw_scores
+    return lambda prompt, output, record: float(pick([(prompt, output)])[0])
+
+
+def judge_scorer(*, url: str, cache: str | None = None, **judge_options) -> Scorer:
+    """The LLM judge (rewards/judge.py) over an OpenAI-compatible endpoint; options are reward.judge's keys
+    (model, template, score_regex, score_min, score_max, ...). The score is in [0, 1]; a failed request raises."""
+    import tempfile
+
+    from posttrain.config import JudgeConfig
+    from posttrain.rewards.judge import JudgeReward
+
+    if judge_options.get("api_key_env"):
+        raise PosttrainError("judge scorer: api_key_env is not supported in suite files",
+                             hint="serve the judge locally without a key, or score with a python hook")
+    jcfg = JudgeConfig(url=url, **judge_options)
+    judge = JudgeReward(jcfg, cache or Path(tempfile.gettempdir()) / "posttrain-eval-judge.sqlite")
+
+    def score(prompt: str, output: str, record: dict) -> float:
+        (result,) = judge.results([(prompt, output)])
+        if result.error is not None:
+            raise PosttrainError(f"judge scorer, sample {record.get('id', '?')}: {result.error}")
+        return float(result.reward)
+
+    return score
+
+
+def gold_scorer(*, task: str = "addition") -> Scorer:
+    """The hidden gold function of a built-in task (rewards/gold.py): digit credit minus a brevity term."""
+    from posttrain.rewards.gold import gold_function
+
+    gold = gold_function(task)
+    if gold is None:
+        raise PosttrainError(f"gold scorer: task {task!r} has no gold function; use addition")
+    return lambda prompt, output, record: float(gold(_answer(record), output))
 
 
 SCORERS: dict[str, ScorerFactory] = {
@@ -107,14 +145,14 @@ SCORERS: dict[str, ScorerFactory] = {
     "regex": regex_scorer,
     "verifier": verifier_scorer,
     "python": python_scorer,
-    "reward_model": _not_available("reward_model"),
-    "judge": _not_available("judge"),
-    "gold": _not_available("gold"),
+    "reward_model": reward_model_scorer,
+    "judge": judge_scorer,
+    "gold": gold_scorer,
 }
 
 
 def register_scorer(name: str, factory: ScorerFactory) -> None:
-    """Makes `name` usable as a suite scorer type (replaces a placeholder such as reward_model)."""
+    """Makes `name` usable as a suite scorer type."""
     SCORERS[name] = factory
 
 

@@ -20,6 +20,7 @@ class Roles:
     critic: Any | None = None  # PPO's value model
     reward_model: Any | None = None  # RewardModel actor, when reward.weights has an 'rm' weight
     judge: Any | None = None         # JudgeReward (in the driver: it only waits on HTTP), for a 'judge' weight
+    evaluator: Any | None = None     # CheckpointEvaluator (evals/in_loop.py), when eval.suites is set
 
 
 def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
@@ -39,6 +40,8 @@ def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
     if cfg.reward.weights.get("rm"):
         bundles.append(("reward_model", res(cfg.reward.rm_cpus)))
     bundles += [(f"rollout{i}", res(t.rollout_cpus, t.rollout_gpus)) for i in range(cfg.rollout.num_workers)]
+    if cfg.eval.suites:
+        bundles.append(("evaluator", res(cfg.eval.evaluator_cpus, t.rollout_gpus)))
     return bundles
 
 
@@ -113,13 +116,22 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
         from posttrain.rewards.judge import make_judge
 
         judge = make_judge(cfg, cfg.run_dir)
+    evaluator = None
+    if "evaluator" in index:
+        from posttrain.evals.in_loop import CheckpointEvaluator
+
+        engine = {"kind": cfg.rollout.engine, "dtype": cfg.model.dtype, "max_model_len": v.max_model_len,
+                  "kv_cache_gb": v.kv_cache_gb}
+        evaluator = ray.remote(CheckpointEvaluator).options(**place(
+            "evaluator", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)})).remote(cfg.eval.suites, engine)
     # Surface start-up errors (bad model dir, engine failure) here, before the first step.
     ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
             + ([reference.logprobs.remote([], [])] if reference is not None else [])
             + ([critic.ping.remote()] if critic is not None else [])
-            + ([reward_model.score.remote([])] if reward_model is not None else []))
+            + ([reward_model.score.remote([])] if reward_model is not None else [])
+            + ([evaluator.ping.remote()] if evaluator is not None else []))
     return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs,
-                 critic=critic, reward_model=reward_model, judge=judge)
+                 critic=critic, reward_model=reward_model, judge=judge, evaluator=evaluator)
 
 
 def destroy_roles(roles: Roles) -> None:
@@ -129,7 +141,8 @@ def destroy_roles(roles: Roles) -> None:
     if roles.judge is not None:
         roles.judge.close()
     trainers = getattr(roles.trainer, "ranks", [roles.trainer])  # a TrainerGroup's actors, or the one trainer
-    for actor in [*trainers, roles.reward, roles.reference, roles.critic, roles.reward_model, *roles.rollout]:
+    for actor in [*trainers, roles.reward, roles.reference, roles.critic, roles.reward_model, roles.evaluator,
+                  *roles.rollout]:
         if actor is not None:
             ray.kill(actor)
     release(roles.placement_group if isinstance(roles.placement_group, list) else [roles.placement_group])

@@ -43,6 +43,12 @@ def check_one_step_off_config(cfg: RunConfig) -> None:
             f"{a.dynamic_sampling_rounds} (refill rounds depend on the batch being trained)",
             hint="set algorithm.dynamic_sampling_rounds=0 or rollout.async_one_step_off=false",
         )
+    if any(rule.action == "rollback" for rule in cfg.alarms.rules):
+        raise PosttrainError(
+            "rollout.async_one_step_off does not combine with an alarm whose action is rollback: the rollout in "
+            "flight was sampled from the weights being rolled back",
+            hint="use action stop or warn for those alarms, or rollout.async_one_step_off=false",
+        )
     if cfg.topology.trainer_ranks > 1:
         raise PosttrainError(
             f"rollout.async_one_step_off does not combine with topology.trainer_ranks={cfg.topology.trainer_ranks} "

@@ -47,7 +47,7 @@ def planner_role(actor: str) -> str:
         return "rollout"
     if actor.startswith("trainer"):  # trainer, trainer1, ...: the ranks of a sharded trainer
         return "policy"
-    return {"trainer": "policy", "reward_model": "reward"}.get(actor, actor)
+    return {"trainer": "policy", "reward_model": "reward", "evaluator": "rollout"}.get(actor, actor)
 
 
 def run_actors(cfg: RunConfig) -> list[str]:

@@ -146,6 +146,10 @@ def prune_checkpoints(root: str | Path, keep_last: int, protect: tuple[Path, ...
     root = Path(root)
     ckpts = list_checkpoints(root)
     keep = set(ckpts[-keep_last:]) | {Path(p) for p in protect}
+    best = read_best_pointer(root.parent)
+    if best is not None:  # the in-loop eval's best checkpoint is never deleted
+        keep.add(root / best["checkpoint"])
+    keep |= {p for p in ckpts if (p / HOLD).exists()}  # nor one the evaluator has yet to read
     newest_valid = latest_valid_checkpoint(root, warn=lambda _m: None)
     if newest_valid is not None:
         keep.add(newest_valid)
@@ -170,6 +174,34 @@ def best_checkpoint(root: str | Path, scores: dict[int, float]) -> Path | None:
         except CheckpointError:
             continue
     return None
+
+
+BEST_POINTER = "best.json"  # in the run directory, beside checkpoints/
+HOLD = ".eval-hold"  # a file inside a checkpoint: retention keeps it until the in-loop evaluator has read it
+
+
+def write_best_pointer(run_dir: str | Path, info: dict) -> Path:
+    """Atomically points runs/<name>/best.json at a checkpoint; `info` holds at least "checkpoint" (its directory
+    name under checkpoints/) and "step". Written to a temp file, fsynced, then renamed over the old pointer."""
+    path = Path(run_dir) / BEST_POINTER
+    tmp = path.with_name(f".{BEST_POINTER}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as fh:
+        json.dump(info, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_path(path.parent)
+    return path
+
+
+def read_best_pointer(run_dir: str | Path) -> dict | None:
+    """The best-checkpoint pointer of a run, or None when there is none (or it is unreadable)."""
+    path = Path(run_dir) / BEST_POINTER
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("checkpoint"), str) else None
 
 
 def checkpoint_bytes_estimate(model_dir: str | Path) -> int:

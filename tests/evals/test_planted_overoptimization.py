@@ -1,0 +1,126 @@
+"""Planted case (a): over-optimization of a proxy reward model, caught by the proxy_gold alarm before the gold
+score has fallen 10% below its peak.
+
+The proxy RM is trained from the SFT-warm model on few (300) gold-labelled pairs with 10% of the labels swapped,
+sampled so that the chosen completion is never the shorter one: length is the exploitable feature it can learn
+instead of correctness. GRPO then trains against the proxy RM alone with reward.log_gold on; after every step the
+alarm wiring scores greedy completions of 64 fixed held-out problems with the proxy (heldout/proxy) and the gold
+function (heldout/gold). The alarm compares the training reward (what RL maximizes) with held-out gold, by
+slopes and by gold's drawdown from its peak. Real Ray, real vLLM, a real RM actor; seed 0 throughout.
+
+On this tiny model held-out gold falls from the first update on (its peak is the SFT policy at step 1): the case
+measures how fast the alarm reacts, not where a rise turns into a fall.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.config import load_config
+from posttrain.tracking import read_metrics
+
+pytestmark = pytest.mark.integration
+
+STEPS = 30
+PROXY_WEIGHTS = "{rm: 1.0}"
+EXTRA = ["algorithm.lr=1e-4", "algorithm.lr_schedule=constant"]
+RULES = "[{kind: proxy_gold, proxy: train, window: 4, drop: 0.03}, {kind: length_corr}]"
+
+
+def length_biased_pairs(problems, n_pairs: int, label_noise: float, seed: int) -> list[dict]:
+    """Gold-labelled pairs of the built-in source, keeping only those whose chosen completion is at least as long
+    as the rejected one (after the label noise, so a few swapped labels still favour the shorter one)."""
+    from posttrain.rewards.preferences import gold_pairs
+
+    rows = gold_pairs(problems, "addition", 4 * n_pairs, label_noise, seed)
+    return [r for r in rows if len(r["chosen"]) >= len(r["rejected"])][:n_pairs]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory, warm_model_dir):
+    from posttrain.loop import train
+    from posttrain.rewards.preferences import write_jsonl
+    from posttrain.rewards.rm_train import train_reward_model
+    from posttrain.tasks import load_task
+
+    tmp = tmp_path_factory.mktemp("planted")
+    cfg = load_config(None, [
+        "name=planted", f"runs_dir={tmp}", f"model.path={warm_model_dir}", f"rm.base={warm_model_dir}",
+        f"rm.data={tmp / 'pairs.jsonl'}", f"rm.out={tmp / 'rm'}", "rm.epochs=2", "rm.lr=3e-4",
+        f"reward.rm_path={tmp / 'rm'}", f"reward.weights={PROXY_WEIGHTS}", "reward.log_gold=true",
+        "task.train_size=2000", "task.heldout_size=64", "algorithm.group_size=8", "algorithm.prompts_per_step=16",
+        "algorithm.kl_coef=0.0", f"train.steps={STEPS}", "eval.every=0", "checkpoint.every=0",
+        "logging.progress=false", f"alarms.rules={RULES}", *EXTRA,
+    ])
+    task = load_task(cfg.task, cfg.seed)
+    write_jsonl(length_biased_pairs(task.train, 300, 0.1, cfg.seed), cfg.rm.data)
+    rm = train_reward_model(cfg)
+    summary = train(cfg, progress=False)
+    steps = [m for m in read_metrics(cfg.run_dir) if "time/step" in m]
+    return cfg, rm, summary, steps
+
+
+def test_proxy_gold_alarm_fires_before_gold_falls_10pct_below_its_peak(planted):
+    cfg, rm, summary, steps = planted
+    gold = {m["step"]: m["heldout/gold"] for m in steps}
+    proxy = {m["step"]: m["reward_mean"] for m in steps}  # the proxy reward RL maximizes (training batches)
+    heldout_proxy = {m["step"]: m["heldout/proxy"] for m in steps}
+    peak_step = max(gold, key=lambda s: (gold[s], -s))
+    peak = gold[peak_step]
+    fallen = [s for s in gold if s > peak_step and gold[s] < peak - 0.1 * abs(peak)]
+    alarms = [a for a in summary["alarms"] if a["kind"] == "proxy_gold"]
+    first = alarms[0]["step"] if alarms else None
+    print(f"\nplanted over-optimization (proxy RM heldout acc {rm.heldout_accuracy:.3f}, {STEPS} steps):"
+          f"\n  held-out gold per step {[round(gold[s], 3) for s in sorted(gold)]}"
+          f"\n  training proxy reward per step {[round(proxy[s], 3) for s in sorted(proxy)]}"
+          f"\n  held-out proxy per step {[round(heldout_proxy[s], 3) for s in sorted(heldout_proxy)]}"
+          f"\n  peak gold {peak:.3f} at step {peak_step}; first fell 10% below it at step {fallen[0] if fallen else None}"
+          f" (gold {gold[fallen[0]] if fallen else float('nan'):.3f}); first proxy_gold alarm at step {first}"
+          f" (gold there {gold[first] if first else float('nan'):.3f}); alarms {summary['alarms'][:6]}")
+    assert fallen, "the planted case must really over-optimize: gold falls 10% below its peak"
+    ordered = [proxy[s] for s in sorted(proxy)]
+    assert sum(ordered[-5:]) > sum(ordered[:5]), "while the proxy reward has gone up"
+    assert first is not None and first < fallen[0]
+
+
+def test_alarm_evidence_is_in_the_metrics_and_the_run_page(planted):
+    from posttrain.view.data import read_run
+    from posttrain.view.page import build_page
+
+    cfg, _, summary, steps = planted
+    first = next(m for m in steps if "alarm/proxy_gold" in m)
+    evidence = first["alarm/proxy_gold"]
+    assert evidence["action"] == "warn"
+    assert (evidence.get("proxy_slope", 0) > 0 >= evidence.get("gold_slope", 1)
+            or evidence.get("gold_now", 1) < evidence.get("gold_peak", 0))
+    page = build_page(read_run(cfg.run_dir))
+    assert f'data-alarm-step="{first["step"]}"' in page and ("proxy_slope" in page or "gold_peak" in page)
+
+
+def test_reward_model_scorer_ranks_held_out_pairs(planted, tmp_path):
+    """The proxy RM as a suite scorer (kind preference): pairwise accuracy on gold pairs it was not trained on."""
+    import json
+
+    from posttrain.evals.runner import ModelEvaluator, EngineSettings
+    from posttrain.evals.suites import read_suite_file
+    from posttrain.rewards.preferences import gold_pairs
+    from posttrain.tasks import load_task
+
+    cfg, rm, _, _ = planted
+    task = load_task(cfg.task, cfg.seed)
+    pairs = [{"id": str(i), "prompt": r["prompt"], "chosen": r["chosen"], "rejected": r["rejected"]}
+             for i, r in enumerate(gold_pairs(task.heldout, "addition", 60, 0.0, seed=7))]
+    suite = tmp_path / "prefs.yaml"
+    suite.write_text(json.dumps({"suites": [{"name": "prefs", "kind": "preference", "pairs": pairs,
+                                             "scorer": {"type": "reward_model", "path": cfg.reward.rm_path}}]}))
+    (loaded,) = read_suite_file(suite)
+    result = ModelEvaluator(EngineSettings(kind="hf"), None).run(loaded)  # preference suites generate nothing
+    from posttrain.rewards.reward_model import RewardModel
+
+    print(f"\nproxy RM pairwise accuracy on 60 clean held-out gold pairs: {result.summary['mean']:.3f}")
+    direct = RewardModel(cfg.reward.rm_path)  # the scores the loop's RM actor gives
+    chosen = direct.score([(p["prompt"], p["chosen"]) for p in pairs])
+    rejected = direct.score([(p["prompt"], p["rejected"]) for p in pairs])
+    assert [r["chosen_score"] for r in result.records] == pytest.approx(chosen, abs=1e-5)
+    expected = [1.0 if c > r else 0.5 if c == r else 0.0 for c, r in zip(chosen, rejected)]
+    assert result.summary["n"] == 60 and result.summary["mean"] == pytest.approx(sum(expected) / 60)
