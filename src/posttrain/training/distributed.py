@@ -24,12 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from posttrain.algorithms.advantages import kl_in_reward
 from posttrain.algorithms.grpo import clipped_policy_loss
-from posttrain.training.batch import completion_logprobs, pack
-from posttrain.training.trainer import (
-    TRAINER_STATE, Trainer, TrainBatch, _advantage_tensor, _jsonable, _select, _tuplify, learning_rate, pad_rows,
-)
+from posttrain.training.batch import completion_logprobs
+from posttrain.training.trainer import TRAINER_STATE, Trainer, TrainBatch, _jsonable, _select, _tuplify
 
 SHARDS_DIR = "trainer_shards"
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a rank that died leaves the others waiting this long at most
@@ -111,16 +108,10 @@ class ShardedTrainer(Trainer):
         a = self.cfg.algorithm
         temp = self.cfg.rollout.temperature or 1.0
         W, r = self.world_size, self.rank
-        packed = pack(batch.prompts, batch.completions, self.pad_id)  # the whole batch: same padding as one rank
-        mask = packed.completion_mask
+        x = self._step_inputs(batch)  # the whole batch: same padding as one rank
+        packed, mask, advantages, kl_loss_coef, ref, engine_lp, lr = (
+            x.packed, x.mask, x.advantages, x.kl_loss_coef, x.ref, x.engine_lp, x.lr)
         n, T = mask.shape
-        advantages = _advantage_tensor(batch.advantages, T)
-        kl_loss_coef = 0.0 if kl_in_reward(a) else a.kl_coef
-        ref = pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None and kl_loss_coef > 0 else None
-        engine_lp = pad_rows(batch.engine_logprobs, T)
-        lr = learning_rate(batch.step, self.cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         t0 = time.perf_counter()
 
         # Old logprobs and entropy: each rank computes its rows, a sum over ranks fills the rest (x + 0 is exact).

@@ -22,6 +22,17 @@ TRAINER_STATE = "trainer_state.pt"
 
 
 @dataclass
+class StepInputs:
+    packed: PackedBatch
+    mask: torch.Tensor            # [N, T] completion tokens
+    advantages: torch.Tensor      # [N, T]
+    kl_loss_coef: float
+    ref: torch.Tensor | None      # reference logprobs when the loss has a KL term
+    engine_lp: torch.Tensor       # the engine's logprobs of the sampled tokens
+    lr: float
+
+
+@dataclass
 class TrainBatch:
     """One step's training samples; every list has one entry per sample."""
 
@@ -67,21 +78,29 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
 
-    def train_step(self, batch: TrainBatch) -> dict:
+    def _step_inputs(self, batch: TrainBatch) -> StepInputs:
+        """The batch as padded tensors, and the step's learning rate set on the optimizer (shared by the ranks of
+        the sharded trainer, which pack the whole batch the same way)."""
         a = self.cfg.algorithm
-        temp = self.cfg.rollout.temperature or 1.0
         packed = pack(batch.prompts, batch.completions, self.pad_id)
-        mask = packed.completion_mask
-        T = mask.shape[1]
-        advantages = _advantage_tensor(batch.advantages, T)
+        T = packed.completion_mask.shape[1]
         # PPO and REINFORCE++ put the KL into the reward (the loop did); the others add a k3 term to the loss.
         kl_loss_coef = 0.0 if kl_in_reward(a) else a.kl_coef
-        ref = pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None and kl_loss_coef > 0 else None
-        engine_lp = pad_rows(batch.engine_logprobs, T)
-
         lr = learning_rate(batch.step, self.cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        return StepInputs(
+            packed=packed, mask=packed.completion_mask, advantages=_advantage_tensor(batch.advantages, T),
+            kl_loss_coef=kl_loss_coef, engine_lp=pad_rows(batch.engine_logprobs, T), lr=lr,
+            ref=pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None and kl_loss_coef > 0 else None,
+        )
+
+    def train_step(self, batch: TrainBatch) -> dict:
+        a = self.cfg.algorithm
+        temp = self.cfg.rollout.temperature or 1.0
+        x = self._step_inputs(batch)
+        packed, mask, advantages, kl_loss_coef, ref, engine_lp, lr = (
+            x.packed, x.mask, x.advantages, x.kl_loss_coef, x.ref, x.engine_lp, x.lr)
         t0 = time.perf_counter()
         # One update on the whole batch: the gradient pass's own logprobs are the pre-update ones (ratio 1), so the
         # separate no-grad forward would be a third of the step's compute spent on a copy (as TRL skips it too).
