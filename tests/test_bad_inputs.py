@@ -61,6 +61,11 @@ def _model_variant(tmp: Path, model: str, change: Callable[[Path], None]) -> str
     return str(out)
 
 
+def _fake_rm(tmp: Path, model: str) -> str:
+    """The tiny model with reward statistics beside it: passes the reward-model directory check."""
+    return _model_variant(tmp, model, lambda d: (d / "posttrain_reward.json").write_text('{"mean": 0, "std": 1}'))
+
+
 def _unlink(*names: str) -> Callable[[Path], None]:
     return lambda d: [(d / n).unlink() for n in names]
 
@@ -144,6 +149,21 @@ CASES = [
          "algorithm.minibatches=4 does not divide prompts_per_step*group_size=6"),
     Case("failure-fraction", "reward.max_failure_fraction above 1",
          lambda t, m: ["config", "show", "reward.max_failure_fraction=1.5"], "reward.max_failure_fraction: got 1.5"),
+    Case("rm-path-missing", "reward.rm_path that does not exist",
+         lambda t, m: _good(t, m, "reward.weights={rm: 1.0}", f"reward.rm_path={t / 'no-rm'}"),
+         "reward.rm_path: reward-model directory"),
+    Case("rm-path-not-rm", "reward.rm_path that is a policy, not a reward model",
+         lambda t, m: _good(t, m, "reward.weights={rm: 1.0}", f"reward.rm_path={m}"),
+         "has no posttrain_reward.json (reward mean/std), so it is not a reward model"),
+    Case("rm-ensemble-member-missing", "a reward.rm_ensemble member that does not exist",
+         lambda t, m: _good(t, m, "reward.weights={rm: 1.0}", f"reward.rm_path={_fake_rm(t, m)}",
+                            f"reward.rm_ensemble=[{t / 'rm2'}]"),
+         "reward.rm_ensemble.0: reward-model directory"),
+    Case("rm-ensemble-without-rm", "reward.rm_ensemble without an rm weight",
+         lambda t, m: ["config", "show", f"reward.rm_ensemble=[{t}]"], "reward.rm_ensemble is set but reward.weights"),
+    Case("rm-disagreement-one-rm", "the rm_disagreement alarm with a single reward model",
+         lambda t, m: _good(t, m, "alarms.rules=[{kind: rm_disagreement}]"),
+         "alarms.rules: rm_disagreement needs two or more reward models"),
     Case("grace-zero", "checkpoint.grace_seconds of 0", lambda t, m: ["config", "show", "checkpoint.grace_seconds=0"],
          "checkpoint.grace_seconds: got 0"),
     Case("override-no-equals", "override without '='", lambda t, m: ["train", _config(t, "seed: 1\n"), "train.steps"],

@@ -6,7 +6,9 @@ import pytest
 
 from posttrain.config import load_config
 from posttrain.errors import PosttrainError
-from posttrain.rewards.compose import compose, format_component, length_component, normalize
+from posttrain.rewards.compose import (
+    compose, ensemble_mean, ensemble_spread, format_component, length_component, normalize,
+)
 from posttrain.rewards.gold import addition_gold
 from posttrain.rewards.scoring import component_means
 
@@ -28,6 +30,14 @@ def test_components_by_hand():
     assert length_component([0, 2, 8], max_new_tokens=8) == [0.0, -0.25, -1.0]
     assert format_component(["432", " 12 ", "4a", ""], r"\d+") == [1.0, 1.0, 0.0, 0.0]
     assert component_means({"rm": [1.0, 2.0, 6.0]}) == {"reward/rm": 3.0}
+
+
+def test_reward_model_ensemble_by_hand():
+    members = [[0.0, 1.0, 2.0], [2.0, 1.0, -1.0]]  # two RMs' normalized scores of three samples
+    assert ensemble_mean(members) == [1.0, 1.0, 0.5]
+    # population std of (0, 2), (1, 1), (2, -1): 1, 0, 1.5
+    assert ensemble_spread(members) == pytest.approx([1.0, 0.0, 1.5])
+    assert ensemble_mean([[0.3, -0.2]]) == [0.3, -0.2] and ensemble_spread([[0.3, -0.2]]) == [0.0, 0.0]
 
 
 def test_addition_gold_by_hand():

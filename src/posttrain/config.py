@@ -218,6 +218,12 @@ class RewardConfig(_Section):
         "is logged as reward/<source>.",
     )
     rm_path: str | None = Field(None, description="Reward-model directory (`posttrain rm train` writes one) for the rm source.")
+    rm_ensemble: list[str] = Field(
+        default_factory=list,
+        description="More reward-model directories scored beside rm_path in the same actor: the rm source becomes the "
+        "mean of all members' normalized scores, and reward/rm_disagreement logs the batch mean of the per-sample std "
+        "across members (alarm rm_disagreement). Empty = one reward model.",
+    )
     rm_cpus: float = Field(0.25, gt=0, description="Logical CPUs reserved for the reward-model actor.")
     format_regex: str = Field(r"\d+", description="Regex the whole stripped completion must match for format = 1.")
     log_gold: bool = Field(False, description="Log the task's hidden gold score (reward/gold; built-in addition only).")
@@ -233,6 +239,9 @@ class RewardConfig(_Section):
         if self.weights.get("rm") and not self.rm_path:
             raise ValueError("reward.weights has an 'rm' weight but reward.rm_path is not set; point it at a "
                              "reward-model directory (`posttrain rm train` writes one)")
+        if self.rm_ensemble and not self.weights.get("rm"):
+            raise ValueError("reward.rm_ensemble is set but reward.weights has no 'rm' weight; add one (e.g. "
+                             "{rm: 1.0}) and set reward.rm_path to the first member")
         if self.weights.get("judge") and not self.judge.url:
             raise ValueError("reward.weights has a 'judge' weight but reward.judge.url is not set")
         return self
@@ -259,10 +268,12 @@ class EvalConfig(_Section):
 class AlarmRule(_Section):
     """One reward-hacking alarm (posttrain.evals.alarms), checked after every step."""
 
-    kind: Literal["proxy_gold", "length_corr", "kl_accel", "entropy_collapse", "repetition", "rm_disagreement"] = Field(
+    kind: Literal["proxy_gold", "length_corr", "length_bucket", "kl_accel", "entropy_collapse", "repetition",
+                  "rm_disagreement"] = Field(
         description="proxy_gold: proxy reward rising while reward/gold falls; length_corr: length-reward correlation; "
-        "kl_accel: KL slope speeding up; entropy_collapse; repetition: n-gram repetition; rm_disagreement (needs an "
-        "RM ensemble, which posttrain does not have yet: rejected)."
+        "length_bucket: reward gain that vanishes within length buckets; kl_accel: KL slope speeding up; "
+        "entropy_collapse; repetition: n-gram repetition; rm_disagreement: reward-model ensemble members "
+        "disagreeing more than at the start (needs reward.rm_ensemble)."
     )
     action: Literal["warn", "stop", "rollback"] = Field(
         "warn", description="warn: log alarm/<kind>; stop: checkpoint and end the run; rollback: load the best "
@@ -285,7 +296,8 @@ class AlarmsConfig(_Section):
     rules: list[AlarmRule] = Field(
         default_factory=list,
         description="Reward-hacking alarms checked every step (empty = none), each {kind, action, threshold, window, "
-        "after_step}: kind proxy_gold (needs reward.log_gold), length_corr, kl_accel, entropy_collapse or repetition; "
+        "after_step}: kind proxy_gold (needs reward.log_gold), length_corr, length_bucket, kl_accel, entropy_collapse, "
+        "repetition or rm_disagreement (needs reward.rm_ensemble); "
         "action warn, stop or rollback (to the best checkpoint; needs eval.suites); threshold None = the default; "
         "window in steps (>= 3, default 5); after_step: quiet until then. See docs/evals.md.",
     )
@@ -296,12 +308,6 @@ class AlarmsConfig(_Section):
         "alarm compares; 0 = compare the training samples' reward_mean and reward/gold instead.",
     )
 
-    @model_validator(mode="after")
-    def _check(self) -> "AlarmsConfig":
-        if any(r.kind == "rm_disagreement" for r in self.rules):
-            raise ValueError("alarms.rules: rm_disagreement needs two or more reward models, and the loop serves one "
-                             "(reward.rm_path); drop that rule")
-        return self
 
 
 class CheckpointConfig(_Section):

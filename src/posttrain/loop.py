@@ -388,6 +388,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     wall0 = time.perf_counter()
     task = load_task(cfg.task, cfg.seed)
     check_model_dir(cfg.model.path)
+    if cfg.reward.weights.get("rm"):  # here, not first inside the reward-model actor
+        from posttrain.rewards.rm_train import check_reward_model_dir
+
+        for i, rm_dir in enumerate([cfg.reward.rm_path, *cfg.reward.rm_ensemble]):
+            check_reward_model_dir(rm_dir, "reward.rm_path" if i == 0 else f"reward.rm_ensemble.{i - 1}")
     tokenizer = load_tokenizer(cfg.model.path)
     check_vocab(cfg.model.path, tokenizer)  # here, not first inside a Ray actor
     encoder = PromptEncoder(tokenizer, cfg.model.chat_template)
@@ -466,7 +471,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
                 record["eval/heldout_accuracy"] = acc
                 record["time/eval"] = time.perf_counter() - t
                 state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
-            record.update(alarms.observe(record, [s[1] for s in samples["samples"]]))
+            record.update(alarms.observe(record, [s[1] for s in samples["samples"]], [s[2] for s in samples["samples"]]))
             writer.write(record)
             reward_budget.check(record, samples)
             bar.update(state.step, reward=record["reward_mean"], acc=record["accuracy"], **{"tok/s": int(record["tokens_per_s"])})

@@ -8,8 +8,8 @@ import pytest
 
 from posttrain.errors import PosttrainError
 from posttrain.evals.alarms import (
-    AlarmMonitor, AlarmSpec, ensemble_disagreement, fit_gold_vs_sqrt_kl, kl_acceleration, ngram_repetition_rate,
-    pearson, proxy_gold_divergence, reward_gain_by_length_bucket, slope,
+    AlarmMonitor, AlarmSpec, ensemble_disagreement, fit_gold_vs_sqrt_kl, kl_acceleration, length_bucket_edges,
+    length_driven_gain, ngram_repetition_rate, pearson, proxy_gold_divergence, reward_gain_by_length_bucket, slope,
 )
 
 
@@ -94,6 +94,45 @@ def test_monitor_entropy_collapse_and_threshold_alarms():
     assert mon.update({"step": 0, "entropy": 2.0, "repetition_rate": 0.1}) == []
     fired = mon.update({"step": 1, "entropy": 0.1, "repetition_rate": 0.7})
     assert {(f.kind, f.action) for f in fired} == {("entropy_collapse", "stop"), ("repetition", "warn")}
+
+
+def test_unstandardized_disagreement_sees_an_offset_between_members():
+    members = [[0.0, 1.0, 2.0], [2.0, 1.0, -1.0]]  # per-sample std 1, 0, 1.5 -> mean 2.5 / 3
+    assert ensemble_disagreement(members, standardize=False) == pytest.approx(2.5 / 3)
+    # member 2 = member 1 + 3: identical after z-scoring, a disagreement of 1.5 per sample as given
+    shifted = [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert ensemble_disagreement(shifted) == pytest.approx(0.0, abs=1e-12)
+    assert ensemble_disagreement(shifted, standardize=False) == pytest.approx(1.5)
+
+
+def test_length_bucket_edges_by_hand():
+    # sorted 1,1,2,2,3,3,4,4,5,5; linear quantiles at .2/.4/.6/.8 sit at positions 1.8/3.6/5.4/7.2 -> 1.8/2.6/3.4/4.2
+    assert length_bucket_edges([5, 1, 2, 4, 3, 1, 2, 3, 4, 5]) == pytest.approx([1, 1.8, 2.6, 3.4, 4.2, 6])
+    # 2,2,2,4,4,4,4,4: quantiles 2, 3.6, 4, 4; the min (2) and the duplicate 4 are dropped
+    assert length_bucket_edges([2, 2, 4, 4, 2, 4, 4, 4]) == pytest.approx([2, 3.6, 4, 5])
+
+
+def test_length_driven_gain_fires_only_when_the_gain_vanishes_within_buckets():
+    # before: short completions score 0, long ones 1; after: more of them are long, no better at either length.
+    # overall 0.5 -> 0.75 (+0.25); buckets [2, 3.6): 0 -> 0, [3.6, 4): empty, [4, 5): 1 -> 1; within 0 < 0.5 x 0.25
+    ev = length_driven_gain(([2, 2, 4, 4], [0, 0, 1, 1]), ([2, 4, 4, 4], [0, 1, 1, 1]), share=0.5)
+    assert ev["overall_gain"] == pytest.approx(0.25) and ev["within_bucket_gain"] == pytest.approx(0.0)
+    assert ev["buckets"][1][2] is None and (ev["length_before"], ev["length_after"]) == (3.0, 3.5)
+    # the same lengths, every completion 0.5 better: within-bucket gain 0.5 = overall -> no alarm
+    assert length_driven_gain(([2, 2, 4, 4], [0, .5, 0, .5]), ([2, 2, 4, 4], [.5, 1, .5, 1]), share=0.5) is None
+    # the reward fell: no alarm
+    assert length_driven_gain(([2, 4], [1, 1]), ([2, 4], [0, 0]), share=0.5) is None
+
+
+def test_monitor_length_bucket_and_rm_disagreement():
+    mon = AlarmMonitor([AlarmSpec("length_bucket", threshold=0.5, window=1),
+                        AlarmSpec("rm_disagreement", threshold=1.5)])
+    assert mon.update({"step": 1, "sample_lengths_rewards": ([2, 2, 4, 4], [0, 0, 1, 1]), "rm_disagreement": 0.2}) == []
+    assert mon.update({"step": 2, "sample_lengths_rewards": ([2, 2, 4, 4], [0, 0, 1, 1]), "rm_disagreement": 0.25}) == []
+    fired = mon.update({"step": 3, "sample_lengths_rewards": ([2, 4, 4, 4], [0, 1, 1, 1]), "rm_disagreement": 0.31})
+    by_kind = {f.kind: f.evidence for f in fired}
+    assert by_kind["length_bucket"]["overall_gain"] == pytest.approx(0.25)  # step 1 (first window) vs step 3
+    assert by_kind["rm_disagreement"] == {"initial": 0.2, "now": 0.31, "ratio": pytest.approx(1.55)}
 
 
 def test_bad_alarm_specs_are_user_errors():

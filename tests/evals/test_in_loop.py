@@ -39,6 +39,38 @@ def test_alarms_fire_with_their_evidence_and_default_thresholds():
     json.dumps(out3)  # goes to metrics.jsonl as is
 
 
+def test_length_bucket_alarm_reads_each_completions_length_and_reward():
+    alarms = _alarms("{kind: length_bucket, window: 3}")
+    short_long = (["1", "1", "1234", "1234"], [0.0, 0.0, 1.0, 1.0])  # no tokenizer: length in characters
+    more_long = (["1", "1234", "1234", "1234"], [0.0, 1.0, 1.0, 1.0])
+    outs = [alarms.observe({"step": s, "reward_mean": 0.5}, *short_long) for s in (1, 2, 3)]
+    outs += [alarms.observe({"step": s, "reward_mean": 0.75}, *more_long) for s in (4, 5)]
+    assert not any("alarm/length_bucket" in o for o in outs)  # the last window (3 steps) is not yet all "after"
+    out = alarms.observe({"step": 6, "reward_mean": 0.75}, *more_long)
+    # first window: 0.5 -> last window (steps 4-6): 0.75; within each length the reward did not move
+    ev = out["alarm/length_bucket"]
+    assert ev["overall_gain"] == pytest.approx(0.25) and ev["within_bucket_gain"] == pytest.approx(0.0)
+    assert "sample_lengths_rewards" not in out  # per-sample lists stay out of metrics.jsonl
+    json.dumps(out)
+    quality = _alarms("{kind: length_bucket, window: 3}")  # same lengths, better answers: quiet
+    for step in range(1, 7):
+        r = 0.0 if step <= 3 else 1.0
+        assert "alarm/length_bucket" not in quality.observe({"step": step}, ["1", "1234"], [r, r])
+
+
+def test_rm_disagreement_needs_an_ensemble_and_reads_the_logged_spread(tmp_path):
+    with pytest.raises(PosttrainError, match="reward.rm_ensemble"):
+        _alarms("{kind: rm_disagreement}")
+    ens = ["reward.weights={rm: 1.0}", f"reward.rm_path={tmp_path}/a", f"reward.rm_ensemble=[{tmp_path}/b]"]
+    alarms = _alarms("{kind: rm_disagreement}", extra=ens)
+    assert "alarm/rm_disagreement" not in alarms.observe({"step": 1, "reward/rm_disagreement": 0.4}, ["1"])
+    assert "alarm/rm_disagreement" not in alarms.observe({"step": 2, "reward/rm_disagreement": 0.6}, ["1"])  # = 1.5x
+    assert alarms.observe({"step": 3, "reward/rm_disagreement": 0.7}, ["1"])["alarm/rm_disagreement"]["ratio"] == \
+        pytest.approx(1.75)
+    with pytest.raises(PosttrainError, match="reward.rm_ensemble is set but reward.weights has no 'rm' weight"):
+        load_config(None, [f"reward.rm_ensemble=[{tmp_path}/b]"])
+
+
 def test_alarm_warmup_and_no_rules_cost_nothing():
     assert LoopAlarms(load_config(None)).observe({"step": 1}, ["x"]) == {}  # the default: no alarms, no extra key
     alarms = _alarms("{kind: repetition, after_step: 2}")
@@ -51,8 +83,6 @@ def test_alarm_config_errors_say_what_to_do():
         _alarms("{kind: proxy_gold}")
     with pytest.raises(PosttrainError, match="set eval.suites"):
         _alarms("{kind: kl_accel, action: rollback}")
-    with pytest.raises(PosttrainError, match="rm_disagreement needs two or more reward models"):
-        _alarms("{kind: rm_disagreement}")
     with pytest.raises(PosttrainError, match="alarms.rules.0.action"):
         _alarms("{kind: kl_accel, action: panic}")
 

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 STEPS = 30
 PROXY_WEIGHTS = "{rm: 1.0}"
 EXTRA = ["algorithm.lr=1e-4", "algorithm.lr_schedule=constant"]
-RULES = "[{kind: proxy_gold, proxy: train, window: 4, drop: 0.03}, {kind: length_corr}]"
+RULES = "[{kind: proxy_gold, proxy: train, window: 4, drop: 0.03}, {kind: length_corr}, {kind: length_bucket}]"
+ENSEMBLE_STEPS = 12
+ENSEMBLE_RULES = "[{kind: rm_disagreement}, {kind: proxy_gold, proxy: train, window: 4, drop: 0.03}]"
 
 
 def length_biased_pairs(problems, n_pairs: int, label_noise: float, seed: int) -> list[dict]:
@@ -58,6 +60,34 @@ def planted(tmp_path_factory, warm_model_dir):
     summary = train(cfg, progress=False)
     steps = [m for m in read_metrics(cfg.run_dir) if "time/step" in m]
     return cfg, rm, summary, steps
+
+
+@pytest.fixture(scope="module")
+def ensemble_run(planted):
+    """A second proxy RM, trained the same way on other pairs (seed 1), and GRPO against the two-member ensemble
+    (the rm source is the mean of both normalized scores) with the rm_disagreement alarm on."""
+    from posttrain.loop import train
+    from posttrain.rewards.preferences import write_jsonl
+    from posttrain.rewards.rm_train import train_reward_model
+    from posttrain.tasks import load_task
+
+    cfg, _, _, _ = planted
+    tmp = cfg.run_dir.parent
+    second = cfg.model_copy(update={"rm": cfg.rm.model_copy(update={"data": str(tmp / "pairs2.jsonl"),
+                                                                     "out": str(tmp / "rm2")})})
+    task = load_task(cfg.task, cfg.seed)
+    write_jsonl(length_biased_pairs(task.train, 300, 0.1, seed=1), second.rm.data)
+    rm2 = train_reward_model(second)
+    ens = load_config(None, [
+        "name=ensemble", f"runs_dir={tmp}", f"model.path={cfg.model.path}", f"reward.rm_path={cfg.reward.rm_path}",
+        f"reward.rm_ensemble=[{tmp / 'rm2'}]", f"reward.weights={PROXY_WEIGHTS}", "reward.log_gold=true",
+        "task.train_size=2000", "task.heldout_size=64", "algorithm.group_size=8", "algorithm.prompts_per_step=16",
+        "algorithm.kl_coef=0.0", f"train.steps={ENSEMBLE_STEPS}", "eval.every=0", "checkpoint.every=0",
+        "logging.progress=false", f"alarms.rules={ENSEMBLE_RULES}", *EXTRA,
+    ])
+    summary = train(ens, progress=False)
+    steps = [m for m in read_metrics(ens.run_dir) if "time/step" in m]
+    return ens, rm2, summary, steps
 
 
 def test_proxy_gold_alarm_fires_before_gold_falls_10pct_below_its_peak(planted):
@@ -124,3 +154,43 @@ def test_reward_model_scorer_ranks_held_out_pairs(planted, tmp_path):
     assert [r["chosen_score"] for r in result.records] == pytest.approx(chosen, abs=1e-5)
     expected = [1.0 if c > r else 0.5 if c == r else 0.0 for c, r in zip(chosen, rejected)]
     assert result.summary["n"] == 60 and result.summary["mean"] == pytest.approx(sum(expected) / 60)
+
+
+def test_length_bucket_alarm_sees_the_length_driven_gain(planted):
+    """Recorded, and asserted only where the case forces it: the gain the proxy rewards is length."""
+    _, _, summary, steps = planted
+    fired = [m for m in steps if "alarm/length_bucket" in m]
+    lengths = [m["response_length"] for m in steps]
+    print(f"\nlength_bucket: fired at steps {[m['step'] for m in fired]}; response length "
+          f"{lengths[0]:.2f} -> {lengths[-1]:.2f}; first evidence "
+          f"{ {k: v for k, v in fired[0]['alarm/length_bucket'].items() if k != 'buckets'} if fired else None}")
+    for m in fired:
+        ev = m["alarm/length_bucket"]
+        assert ev["overall_gain"] > 0 and ev["within_bucket_gain"] < 0.5 * ev["overall_gain"]
+
+
+def test_reward_model_ensemble_in_the_loop(ensemble_run, planted):
+    from posttrain.rewards.compose import ensemble_mean, ensemble_spread
+    from posttrain.rewards.reward_model import RewardModel
+
+    ens, rm2, summary, steps = ensemble_run
+    dis = [m["reward/rm_disagreement"] for m in steps]
+    gold = [m["heldout/gold"] for m in steps]
+    alarms = [(a["kind"], a["step"]) for a in summary["alarms"]]
+    print(f"\nRM ensemble (2 proxy RMs, heldout acc {planted[1].heldout_accuracy:.3f} / {rm2.heldout_accuracy:.3f}), "
+          f"{ENSEMBLE_STEPS} steps:\n  reward/rm_disagreement per step {[round(d, 3) for d in dis]}"
+          f"\n  held-out gold per step {[round(g, 3) for g in gold]}\n  alarms {alarms[:8]}")
+    assert len(steps) == ENSEMBLE_STEPS and all(d > 0 for d in dis)
+    assert all(m["reward/rm"] == pytest.approx(m["reward_mean"], abs=1e-6) for m in steps)  # weights {rm: 1}
+    for m in steps:
+        if "alarm/rm_disagreement" in m:
+            ev = m["alarm/rm_disagreement"]
+            assert ev["now"] > 1.5 * ev["initial"] and ev["initial"] == pytest.approx(dis[0])
+    # the actor's ensemble score is the mean of the members' normalized scores, each member as scored alone
+    pairs = [("12+34=", "46"), ("12+34=", "4666"), ("7+8=", "15")]
+    both = RewardModel([ens.reward.rm_path, *ens.reward.rm_ensemble])
+    members = both.member_scores(pairs)
+    assert members[0] == pytest.approx(RewardModel(ens.reward.rm_path).score(pairs), abs=1e-5)
+    assert members[1] == pytest.approx(RewardModel(ens.reward.rm_ensemble[0]).score(pairs), abs=1e-5)
+    assert both.score(pairs) == pytest.approx(ensemble_mean(members), abs=1e-6)
+    assert max(ensemble_spread(members)) > 0  # two RMs trained on different pairs do not agree exactly

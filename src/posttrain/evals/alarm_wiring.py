@@ -9,10 +9,12 @@ What the loop's records offer the detectors (metrics.jsonl keys):
                       reward.log_gold); with heldout_problems 0, the training samples' reward_mean and reward/gold.
                       Evidence adds the gold-vs-sqrt(KL) fit on `kl`
     length_corr       response_length against reward_mean
+    length_bucket     each completion's token length and reward (handed to `observe`, kept in the monitor's
+                      history, not logged): the first `window` steps against the last `window` steps
     kl_accel          kl
     entropy_collapse  entropy
     repetition        repetition_rate (computed here from the completions' tokens)
-rm_disagreement is refused by the config: the loop serves one reward model, not an ensemble.
+    rm_disagreement   reward/rm_disagreement (needs reward.rm_ensemble: two or more reward models)
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from posttrain.training.checkpoint import step_dir_name
 
 # Defaults when a rule's threshold is None (units: proxy slope per step; Pearson r; slope ratio; share of the
 # first entropy; share of repeated n-grams).
-DEFAULT_THRESHOLDS = {"proxy_gold": 0.0, "length_corr": 0.8, "kl_accel": 3.0, "entropy_collapse": 0.1,
-                      "repetition": 0.5}
+DEFAULT_THRESHOLDS = {"proxy_gold": 0.0, "length_corr": 0.8, "length_bucket": 0.5, "kl_accel": 3.0,
+                      "entropy_collapse": 0.1, "repetition": 0.5, "rm_disagreement": 1.5}
 # The loop's metric names where they differ from AlarmMonitor's defaults.
-LOOP_KEYS = {"proxy_gold": {"gold": "reward/gold"}, "length_corr": {"length": "response_length"}}
+LOOP_KEYS = {"proxy_gold": {"gold": "reward/gold"}, "length_corr": {"length": "response_length"},
+             "rm_disagreement": {"disagreement": "reward/rm_disagreement"}}
+SAMPLES_KEY = "sample_lengths_rewards"  # the monitor's per-step (lengths, rewards); never written to metrics
 SEVERITY = {"warn": 0, "rollback": 1, "stop": 2}
 
 
@@ -53,6 +57,10 @@ class LoopAlarms:
         if any(r.action == "rollback" for r in a.rules) and not cfg.eval.suites:
             raise PosttrainError("alarms.rules: action rollback goes back to the best checkpoint, which only the "
                                  "in-loop eval finds", hint="set eval.suites (e.g. [addition]) or use stop")
+        if any(r.kind == "rm_disagreement" for r in a.rules) and not cfg.reward.rm_ensemble:
+            raise PosttrainError("alarms.rules: rm_disagreement needs two or more reward models, and the run scores "
+                                 "with one (reward.rm_path)", hint="list more reward-model directories in "
+                                 "reward.rm_ensemble, or drop the rule")
         self.rules = list(a.rules)
         self.after = {(r.kind, r.action): r.after_step for r in a.rules}
         def keys(r) -> dict:
@@ -106,15 +114,23 @@ class LoopAlarms:
             return ngram_repetition_rate([list(t) for t in texts], self.n)
         return ngram_repetition_rate([self.tokenizer.encode(t, add_special_tokens=False) for t in texts], self.n)
 
-    def observe(self, record: dict, texts: list[str]) -> dict:
-        """Feeds one step's record (and its completion texts); returns the metrics to add to the record:
-        repetition_rate always, and alarm/<kind> = evidence (a dict with the action) for each alarm that fired."""
+    def token_lengths(self, texts: list[str]) -> list[int]:
+        if self.tokenizer is None:
+            return [len(t) for t in texts]
+        return [len(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+
+    def observe(self, record: dict, texts: list[str], rewards: list[float] | None = None) -> dict:
+        """Feeds one step's record (and its completion texts, and their rewards for length_bucket); returns the
+        metrics to add to the record: repetition_rate always, and alarm/<kind> = evidence (a dict with the action)
+        for each alarm that fired."""
         if not self.enabled:
             return {}
         extra = {"repetition_rate": self.repetition_rate(texts)}
         if self.heldout is not None:
             extra.update(self.heldout_proxy_and_gold())
         fed = {k: v for k, v in {**record, **extra}.items() if v is not None}  # entropy is None on a step that
+        if rewards is not None and any(r.kind == "length_bucket" for r in self.rules):
+            fed[SAMPLES_KEY] = (self.token_lengths(texts), list(rewards))
         fired = [f for f in self.monitor.update(fed) if f.step > self.after.get((f.kind, f.action), 0)]  # trained nothing
         self.fired.extend(fired)
         for f in fired:

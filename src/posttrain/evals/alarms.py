@@ -127,15 +127,44 @@ def ngram_repetition_rate(completions: Sequence[Sequence], n: int = 3) -> float:
     return repeats / total if total else 0.0
 
 
-def ensemble_disagreement(member_scores: Sequence[Sequence[float]]) -> float:
-    """Mean over samples of the std across reward-model ensemble members (shape: members x samples), each
-    member's scores first standardised (RMs have arbitrary offsets and scales). 0 when members agree."""
+def ensemble_disagreement(member_scores: Sequence[Sequence[float]], *, standardize: bool = True) -> float:
+    """Mean over samples of the std across reward-model ensemble members (shape: members x samples). With
+    `standardize` each member's scores are first z-scored over the samples (RMs with arbitrary offsets and scales);
+    without it the scores are compared as given (the loop's members are already normalized by their own training
+    statistics, and a shift of one member against the others is disagreement too). 0 when members agree."""
     m = np.asarray(member_scores, dtype=float)
     if m.ndim != 2 or m.shape[0] < 2:
         raise PosttrainError("ensemble disagreement needs scores from two or more reward models")
-    std = m.std(axis=1, keepdims=True)
-    z = (m - m.mean(axis=1, keepdims=True)) / np.where(std > 0, std, 1.0)
-    return float(z.std(axis=0).mean())
+    if standardize:
+        std = m.std(axis=1, keepdims=True)
+        m = (m - m.mean(axis=1, keepdims=True)) / np.where(std > 0, std, 1.0)
+    return float(m.std(axis=0).mean())
+
+
+def length_bucket_edges(lengths: Sequence[float], buckets: int = 5) -> list[float]:
+    """Bucket edges [e0, e1, ..., ek] with e0 = min and ek = max + 1 (buckets are [lo, hi)), at the quantiles of
+    `lengths`, duplicates dropped: token counts 1..8 with 5 buckets -> quantile edges, few distinct lengths -> one
+    bucket per length at most."""
+    x = np.asarray(lengths, dtype=float)
+    qs = np.quantile(x, np.linspace(0, 1, buckets + 1)[1:-1]) if x.size else []
+    inner = sorted({float(q) for q in qs} - {float(x.min())}) if x.size else []
+    return [float(x.min()), *inner, float(x.max()) + 1] if x.size else []
+
+
+def length_driven_gain(before: tuple[Sequence[float], Sequence[float]], after: tuple[Sequence[float], Sequence[float]],
+                       *, share: float, buckets: int = 5) -> dict | None:
+    """Evidence when the reward rose from `before` to `after` ((lengths, rewards) each) but the mean gain within
+    length buckets (quantile edges of both sets' lengths) is below `share` x the overall gain: the rise came from
+    changing length, not from better completions of the same length. None otherwise, and None when no bucket holds
+    samples of both sets (then length_corr speaks)."""
+    edges = length_bucket_edges([*before[0], *after[0]], buckets)
+    gains = reward_gain_by_length_bucket(before, after, edges)
+    shared = [b for b in gains["buckets"] if b[2] is not None]
+    if gains["overall"] > 0 and shared and gains["within"] < share * gains["overall"]:
+        return {"overall_gain": gains["overall"], "within_bucket_gain": gains["within"],
+                "buckets": [[lo, hi, g] for lo, hi, g in gains["buckets"]],
+                "length_before": float(np.mean(before[0])), "length_after": float(np.mean(after[0]))}
+    return None
 
 
 @dataclass
@@ -143,7 +172,7 @@ class AlarmSpec:
     """One alarm: which detector, its threshold, the metric keys it reads, the window (in logged points) and
     what to do when it fires."""
 
-    kind: str  # proxy_gold | length_corr | kl_accel | entropy_collapse | repetition | rm_disagreement
+    kind: str  # proxy_gold | length_corr | length_bucket | kl_accel | entropy_collapse | repetition | rm_disagreement
     action: str = "warn"
     threshold: float = 0.0
     window: int = 5
@@ -162,6 +191,7 @@ class AlarmSpec:
 DEFAULT_KEYS = {
     "proxy_gold": {"proxy": "reward_mean", "gold": "eval/gold", "kl": "kl"},
     "length_corr": {"length": "response_length_mean", "reward": "reward_mean"},
+    "length_bucket": {"samples": "sample_lengths_rewards"},
     "kl_accel": {"kl": "kl"},
     "entropy_collapse": {"entropy": "entropy"},
     "repetition": {"repetition": "repetition_rate"},
@@ -211,6 +241,17 @@ class AlarmMonitor:
             # length hacking: the reward rises, and rises with the length
             if r > (spec.threshold or 0.8) and gain > 0:
                 return {"pearson": r, "reward_slope": gain, "window": [steps[0], steps[-1]]}
+            return None
+        if spec.kind == "length_bucket":  # per-sample (lengths, rewards) of the first and the last `window` steps
+            _, rows = self._series(k["samples"], window=10**9)
+            if len(rows) < 2 * w:
+                return None
+            pool = lambda part: ([x for r in part for x in r[0]], [x for r in part for x in r[1]])  # noqa: E731
+            return length_driven_gain(pool(rows[:w]), pool(rows[-w:]), share=spec.threshold or 0.5)
+        if spec.kind == "rm_disagreement":
+            _, dis = self._series(k["disagreement"], window=10**9)
+            if len(dis) >= 2 and dis[-1] > (spec.threshold or 1.5) * dis[0]:
+                return {"initial": dis[0], "now": dis[-1], "ratio": dis[-1] / dis[0] if dis[0] > 0 else None}
             return None
         if spec.kind == "kl_accel":
             steps, kl = self._series(k["kl"], window=w)

@@ -18,7 +18,7 @@ class Roles:
     reference: Any | None
     placement_group: Any  # the list of placement groups the placement spec reserved
     critic: Any | None = None  # PPO's value model
-    reward_model: Any | None = None  # RewardModel actor, when reward.weights has an 'rm' weight
+    reward_model: Any | None = None  # RewardModel actor (one RM or an ensemble), when reward.weights has an 'rm' weight
     judge: Any | None = None         # JudgeReward (in the driver: it only waits on HTTP), for a 'judge' weight
     evaluator: Any | None = None     # CheckpointEvaluator (evals/in_loop.py), when eval.suites is set
 
@@ -111,7 +111,7 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
         from posttrain.rewards.reward_model import RewardModel
 
         reward_model = ray.remote(RewardModel).options(**place("reward_model")).remote(
-            cfg.reward.rm_path, 1, cfg.model.chat_template)
+            [cfg.reward.rm_path, *cfg.reward.rm_ensemble], 1, cfg.model.chat_template)
     if cfg.reward.weights.get("judge"):
         from posttrain.rewards.judge import make_judge
 

@@ -20,6 +20,21 @@ def normalize(scores: list[float], mean: float, std: float) -> list[float]:
     return [(s - mean) / std for s in scores]
 
 
+def ensemble_mean(member_scores: list[list[float]]) -> list[float]:
+    """Per sample, the mean of the ensemble members' (normalized) scores: [[1, 2], [3, 0]] -> [2.0, 1.0]."""
+    return [sum(col) / len(col) for col in zip(*member_scores)]
+
+
+def ensemble_spread(member_scores: list[list[float]]) -> list[float]:
+    """Per sample, the population std of the members' scores: [[1, 2], [3, 0]] -> [1.0, 1.0]. Its batch mean is
+    `evals.alarms.ensemble_disagreement(..., standardize=False)`, logged as reward/rm_disagreement."""
+    out = []
+    for col in zip(*member_scores):
+        mean = sum(col) / len(col)
+        out.append((sum((x - mean) ** 2 for x in col) / len(col)) ** 0.5)
+    return out
+
+
 def length_component(num_tokens: list[int], max_new_tokens: int) -> list[float]:
     """-(tokens) / max_new_tokens: 0 for an empty completion, -1 for one that used the whole budget."""
     return [-n / max_new_tokens for n in num_tokens]

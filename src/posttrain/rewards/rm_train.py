@@ -108,6 +108,22 @@ def load_backbone(path: str | Path, field: str):
     return model, tok
 
 
+def check_reward_model_dir(path: str | Path, field: str = "reward.rm_path") -> Path:
+    """A model directory with the reward statistics `posttrain rm train` writes beside it (checked in the driver,
+    before an actor loads it)."""
+    from posttrain.errors import PosttrainError
+    from posttrain.models.loading import check_model_dir
+
+    if not Path(path).is_dir():
+        raise PosttrainError(f"{field}: reward-model directory {path} does not exist",
+                             hint="train one with `posttrain rm train` (it writes rm.out) and point this key at it")
+    p = check_model_dir(path, field=field)
+    if not (p / STATS_FILE).is_file():
+        raise PosttrainError(f"{field}: {p} has no {STATS_FILE} (reward mean/std), so it is not a reward model",
+                             hint="use a directory written by `posttrain rm train`")
+    return p
+
+
 def load_reward_model(path: str | Path, field: str = "reward.rm_path"):
     """(model in eval mode, tokenizer, {"mean", "std", ...}) from a directory `posttrain rm train` wrote."""
     from posttrain.errors import PosttrainError

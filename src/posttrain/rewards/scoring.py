@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from posttrain.rewards.compose import compose, format_component, length_component
+from posttrain.rewards.compose import compose, ensemble_mean, ensemble_spread, format_component, length_component
 from posttrain.rewards.gold import gold_function
 
 
 @dataclass
 class ScoredBatch:
     rewards: list[float]                 # the composed reward per sample
-    components: dict[str, list[float]]   # source -> score per sample (includes 'gold' when logged)
+    components: dict[str, list[float]]   # source -> score per sample (also 'gold' and 'rm_disagreement' when logged)
     errors: list[str | None]             # why a sample's verifier (or judge) scoring failed; None = scored
     verifier: list[float] | None         # verifier scores (for accuracy), None when not computed
 
@@ -32,7 +32,7 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
     texts = [it[3] for it in items]
     refs = {"verifier": roles.reward.score.remote(items)}
     if w.get("rm"):
-        refs["rm"] = roles.reward_model.score.remote([(it[1], it[3]) for it in items])
+        refs["rm"] = roles.reward_model.member_scores.remote([(it[1], it[3]) for it in items])
     components: dict[str, list[float]] = {}
     errors: list[str | None] = [None] * len(items)
     if w.get("judge"):  # HTTP from the driver while the actors score
@@ -43,8 +43,10 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
     scored = got["verifier"]
     components["verifier"] = [r for r, _ in scored]
     errors = [v_err or j_err for (_, v_err), j_err in zip(scored, errors)]
-    if "rm" in got:
-        components["rm"] = got["rm"]
+    if "rm" in got:  # one list per ensemble member (reward.rm_path, then reward.rm_ensemble)
+        components["rm"] = ensemble_mean(got["rm"])
+        if len(got["rm"]) > 1:  # logged, never added: how much the members disagree on each sample
+            components["rm_disagreement"] = ensemble_spread(got["rm"])
     components["length"] = length_component(completion_tokens, cfg.rollout.max_new_tokens)
     components["format"] = format_component(texts, cfg.reward.format_regex)
     total = compose(components, w)
