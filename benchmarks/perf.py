@@ -249,7 +249,8 @@ def part_rollout(args, runs: Path, previous: dict) -> dict:
 
 
 def part_sync(args, runs: Path, previous: dict) -> dict:
-    """Export and engine-load seconds per size (no Ray), beside the in-loop sync time of the trl part's runs."""
+    """Sync seconds per size through Ray with each payload, and the engine's load alone, beside the in-loop sync
+    time of the trl part's runs."""
     from posttrain.rollout.worker import rollout_worker_env
 
     out = {}

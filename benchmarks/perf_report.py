@@ -55,9 +55,10 @@ def table(res: dict) -> str:
         lambda s: (_f(100 * pt(s)["split_share"]["sync"], "{:.1f}%") + _mark(pt(s)["split_share"]["sync"] <= 0.05)
                    + f", {pt(s)['sync_median_s']:.3f} s") if pt(s) else "—")
     sync = res.get("sync", {})
-    row("sync without Ray: trainer export / engine load (s)",
-        lambda s: f"{sync[s]['export_s']:.3f} / {sync[s]['engine_load_s']:.3f} ({sync[s]['bytes'] / 1e6:.0f} MB)"
-        if s in sync else "—")
+    row("sync through Ray, trainer actor to engine actor (median s): safetensors bytes / array payload (of which "
+        "engine load)",
+        lambda s: f"{sync[s]['ray_safetensors_s']:.3f} / {sync[s]['ray_arrays_s']:.3f} ({sync[s]['engine_load_s']:.3f})"
+        f", {sync[s]['bytes'] / 1e6:.0f} MB" if s in sync and "ray_arrays_s" in sync[s] else "—")
     row("step split (median s): " + " / ".join(KEYS),
         lambda s: " / ".join(_f(pt(s)["split_median_s"][k], "{:.2f}") for k in KEYS) if pt(s) else "—")
     out = "\n".join(rows)
@@ -118,8 +119,8 @@ def plot(res: dict, path: Path = PLOT) -> Path | None:
     ax.plot(params, [trl[s]["posttrain"][0]["sync_median_s"] for s in trl], "o-", label="weight sync (s)")
     ax.plot(params, [trl[s]["posttrain_median_step_s"] for s in trl], "s--", label="whole step (s)")
     sync = res.get("sync", {})
-    if all(s in sync for s in trl):
-        ax.plot(params, [sync[s]["export_s"] for s in trl], "^:", label="of which trainer export (s)")
+    if all("ray_arrays_s" in sync.get(s, {}) for s in trl):
+        ax.plot(params, [sync[s]["ray_safetensors_s"] for s in trl], "^:", label="sync with safetensors bytes (s)")
         ax.plot(params, [sync[s]["engine_load_s"] for s in trl], "v:", label="of which engine load (s)")
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -1,6 +1,9 @@
-"""Where weight-sync time goes, per model size, without Ray: the trainer's export (state dict -> safetensors bytes)
-and the engine's in-place load (`VllmEngine.update_weights`: collective_rpc -> vLLM reload_weights, which on CPU
-re-packs every linear layer's weight). Run by benchmarks/perf.py in a child process with the rollout actor's env.
+"""Where weight-sync time goes, per model size, through Ray as the loop does it: a Trainer actor exports, a
+RolloutWorker actor (vLLM engine in its process) loads in place. Two payloads (rollout/weights.py): safetensors
+bytes (what posttrain sent until 2026-12-03) and the array payload the loop sends now, which the object store
+hands to the engine without a copy. Reports the median seconds of the whole sync for each, and of the engine's
+in-place load alone (vLLM reload_weights, which on CPU re-packs every linear layer's weight). Run by
+benchmarks/perf.py in a child process.
 
     python benchmarks/perf_sync.py MODEL_DIR OUT.json
 """
@@ -12,24 +15,45 @@ import statistics
 import sys
 import time
 
+REPS = 4  # per payload, interleaved; the first of each is a warm-up
+
 
 def main(model_dir: str, out_path: str) -> int:
-    from posttrain.models.loading import load_causal_lm
-    from posttrain.rollout.vllm_engine import VllmEngine
-    from posttrain.rollout.weights import export_weights
+    import ray
 
-    model, _ = load_causal_lm(model_dir, "float32")
-    engine = VllmEngine(model_dir, max_model_len=128, kv_cache_gb=1)
-    export, load = [], []
-    for _ in range(4):
-        t = time.perf_counter()
-        blob = export_weights(model)
-        export.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        engine.update_weights(blob)
-        load.append(time.perf_counter() - t)
-    out = {"bytes": len(blob), "export_s": statistics.median(export[1:]), "engine_load_s": statistics.median(load[1:])}
+    from posttrain.config import RayConfig, load_config
+    from posttrain.orchestration.runtime import start_ray, stop_ray
+    from posttrain.rollout.weights import count_tensors
+    from posttrain.rollout.worker import RolloutWorker, rollout_worker_env
+    from posttrain.training.trainer import Trainer
+
+    cfg = load_config(None, [f"model.path={model_dir}", "algorithm.kl_coef=0"])
+    start_ray(RayConfig(num_cpus=2), needed_cpus=1.5)
+    try:
+        trainer = ray.remote(num_cpus=0.5)(Trainer).remote(cfg.to_dict(), model_dir)
+        worker = ray.remote(num_cpus=1, runtime_env={"env_vars": rollout_worker_env(1)})(RolloutWorker).remote(
+            "vllm", model_dir, {"kv_cache_gb": 1, "max_model_len": 128})
+        ray.get([trainer.ping.remote(), worker.pid.remote()])
+        size = len(ray.get(trainer.export_weights.remote()))
+        total: dict[str, list[float]] = {"safetensors": [], "arrays": []}
+        load: list[float] = []
+        for _ in range(REPS):
+            for kind, export in (("safetensors", trainer.export_weights), ("arrays", trainer.export_arrays)):
+                t = time.perf_counter()
+                ref = export.remote()
+                inner = ray.get(worker.update_weights.remote(ref))
+                total[kind].append(time.perf_counter() - t)
+                if kind == "arrays":
+                    load.append(inner)
+                del ref
+        out = {"bytes": size, "tensors": count_tensors(ray.get(trainer.export_weights.remote())),
+               "ray_safetensors_s": statistics.median(total["safetensors"][1:]),
+               "ray_arrays_s": statistics.median(total["arrays"][1:]),
+               "engine_load_s": statistics.median(load[1:])}
+    finally:
+        stop_ray()
     open(out_path, "w").write(json.dumps(out))
+    print(json.dumps(out))
     return 0
 
 

@@ -87,7 +87,7 @@ def rollout_resync(roles):
     loaded model.path's)."""
     import ray
 
-    return lambda worker: ray.get(worker.update_weights.remote(roles.trainer.export_weights.remote()))
+    return lambda worker: ray.get(worker.update_weights.remote(roles.trainer.export_arrays.remote()))
 
 
 def heldout_accuracy(workers, encoder: PromptEncoder, task, problems: list[Problem], max_new_tokens: int,
@@ -101,11 +101,12 @@ def heldout_accuracy(workers, encoder: PromptEncoder, task, problems: list[Probl
 
 
 def sync_weights(roles, blob=None) -> None:
-    """Trainer -> every engine, in place. The bytes go through the object store once, not through the driver.
-    A worker that dies meanwhile gets the same bytes again once restarted. `blob`: an export already asked for."""
+    """Trainer -> every engine, in place. The weights go into the object store once, as arrays the engines read
+    without copying (rollout/weights.py), not through the driver. A worker that dies meanwhile gets the same
+    payload again once restarted. `blob`: an export already asked for."""
     from posttrain.orchestration.recovery import gather_with_redo
 
-    blob = blob if blob is not None else roles.trainer.export_weights.remote()
+    blob = blob if blob is not None else roles.trainer.export_arrays.remote()
     gather_with_redo(roles.rollout, lambda i: roles.rollout[i].update_weights.remote(blob), what="weight sync")
 
 

@@ -15,7 +15,7 @@ from posttrain.errors import PosttrainError
 from posttrain.models.tokenizer import EOS, VOCAB
 from posttrain.rollout.engine import SamplingSpec, make_engine
 from posttrain.rollout.hf_engine import HfEngine, top_p_filter
-from posttrain.rollout.weights import count_tensors, export_weights
+from posttrain.rollout.weights import count_tensors, export_arrays, export_weights
 
 EOS_ID = VOCAB.index(EOS)
 # Different lengths on purpose: the HF engine left-pads them into one batch.
@@ -82,6 +82,33 @@ def test_export_weights_writes_tied_embedding_once_under_its_input_name(tiny_mod
     assert count_tensors(blob) == len(untied.state_dict())
 
 
+def test_array_payload_round_trips_any_dtype_and_dedupes_ties(tiny_models):
+    from safetensors.torch import load
+
+    from posttrain.models.loading import load_causal_lm
+    from posttrain.rollout.weights import (
+        arrays_from_tensors, export_arrays, payload_as_safetensors, payload_count, payload_tensors,
+    )
+
+    tied, _ = load_causal_lm(tiny_models.tied_a)
+    payload = export_arrays(tied)
+    assert set(payload["tensors"]) == set(load(export_weights(tied)))  # the same names as the bytes path
+    assert payload_count(payload) == payload_count(export_weights(tied))
+    back = payload_tensors(payload)
+    for name, t in tied.state_dict().items():
+        if name in back:
+            assert back[name].dtype == t.dtype and torch.equal(back[name], t)
+    odd = {"bf16": torch.tensor([[1.5, -2.25], [3.0, 0.0]], dtype=torch.bfloat16), "scalar": torch.tensor(7),
+           "flag": torch.tensor([True, False]), "empty": torch.zeros(0, 3)}
+    round_trip = payload_tensors(arrays_from_tensors(odd))
+    for name, t in odd.items():
+        assert round_trip[name].dtype == t.dtype and round_trip[name].shape == t.shape and torch.equal(round_trip[name], t)
+    assert {k: v.tolist() for k, v in load(payload_as_safetensors(arrays_from_tensors(odd))).items()} == \
+        {k: v.tolist() for k, v in odd.items()}
+    with pytest.raises(TypeError, match="weight payload"):
+        payload_tensors({"tensors": {}})
+
+
 @pytest.fixture(scope="module")
 def hf_engine(tiny_models) -> HfEngine:
     return HfEngine(str(tiny_models.untied_b))
@@ -119,6 +146,10 @@ def test_hf_update_weights_loads_untied_and_tied(tiny_models):
         engine.update_weights(export_weights(model_b))
         got, want = engine.completion_logprobs(prompt, completion), reference.completion_logprobs(prompt, completion)
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-6
+        model_a, _ = load_causal_lm(a_dir)  # and back to A through the array payload
+        engine.update_weights(export_arrays(model_a))
+        want_a = HfEngine(str(a_dir)).completion_logprobs(prompt, completion)
+        assert max(abs(a - b) for a, b in zip(engine.completion_logprobs(prompt, completion), want_a)) < 1e-6
 
 
 def test_hf_update_weights_rejects_weights_of_another_model(tiny_models):

@@ -2,8 +2,8 @@
 transformers does with B's weights, and far from how it scored it with A's.
 
 Two engines, each with a job: an in-process vLLM engine on a tied-embedding model (the trap), and a Ray actor
-`RolloutWorker` on an untied model (the path the training loop uses: bytes through the object store, the engine
-inside the actor).
+`RolloutWorker` on an untied model (the path the training loop uses: the array payload through the object store,
+read by the engine inside the actor without a copy; safetensors bytes work there too).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from posttrain.rollout.engine import SamplingSpec
-from posttrain.rollout.weights import export_weights
+from posttrain.rollout.weights import export_arrays, export_weights
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +48,12 @@ def hf_weights(model_dir) -> bytes:
     return export_weights(load_causal_lm(model_dir)[0])
 
 
+def hf_arrays(model_dir) -> dict:
+    from posttrain.models.loading import load_causal_lm
+
+    return export_arrays(load_causal_lm(model_dir)[0])
+
+
 # ---------------------------------------------------------------- tied embeddings, in-process engine
 
 
@@ -77,6 +83,9 @@ def test_tied_embedding_sync_reaches_the_lm_head(tied_engine, tiny_models):
     # And back: a second update goes through the same path again (the fix is not a first-time accident).
     tied_engine.update_weights(hf_weights(tiny_models.tied_a))
     assert max_abs_diff(tied_engine.completion_logprobs(PROMPT, COMPLETION), want_a) < SYNC_TOL
+    # An array payload (tied tensor once) reaches the head as well, whichever way this engine passes it on
+    tied_engine.update_weights(hf_arrays(tiny_models.tied_b))
+    assert max_abs_diff(tied_engine.completion_logprobs(PROMPT, COMPLETION), want_b) < SYNC_TOL
 
 
 # ---------------------------------------------------------------- untied, through a Ray actor
@@ -124,3 +133,8 @@ def test_actor_untied_sync_matches_transformers(ray_worker, tiny_models):
     assert 0 < seconds < 10
     got = ray.get(ray_worker.completion_logprobs.remote(PROMPT, COMPLETION))
     assert max_abs_diff(got, want_b) < SYNC_TOL
+    # the loop's path: the array payload, read in the actor as views of the object store, handed to the loader
+    ray.get(ray_worker.update_weights.remote(ray.put(hf_arrays(tiny_models.untied_a))))
+    assert max_abs_diff(ray.get(ray_worker.completion_logprobs.remote(PROMPT, COMPLETION)), want_a) < SYNC_TOL
+    ray.get(ray_worker.update_weights.remote(ray.put(hf_arrays(tiny_models.untied_b))))
+    assert max_abs_diff(ray.get(ray_worker.completion_logprobs.remote(PROMPT, COMPLETION)), want_b) < SYNC_TOL

@@ -45,8 +45,9 @@ class RolloutEngine(Protocol):
         """Returns, for each prompt i, `spec.n` completions sampled with seed `seeds[i]`."""
         ...
 
-    def update_weights(self, safetensors_bytes: bytes) -> None:
-        """Replaces all weights in place from safetensors bytes keyed by HF parameter names (see weights.py)."""
+    def update_weights(self, payload) -> None:
+        """Replaces all weights in place from safetensors bytes or an array payload keyed by HF parameter names
+        (see weights.py)."""
         ...
 
     def completion_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:

@@ -103,11 +103,12 @@ class HfEngine:
         picks = [torch.multinomial(probs[i * n : (i + 1) * n], 1, generator=g)[:, 0] for i, g in enumerate(generators)]
         return torch.cat(picks)
 
-    def update_weights(self, safetensors_bytes: bytes) -> None:
+    def update_weights(self, payload) -> None:
         import torch
-        from safetensors.torch import load
 
-        tensors = load(safetensors_bytes)
+        from posttrain.rollout.weights import payload_tensors
+
+        tensors = payload_tensors(payload)
         with torch.no_grad():
             missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         # A name may be absent only when its tensor is tied to one that was sent (weights.py writes ties once).

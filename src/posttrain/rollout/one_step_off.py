@@ -124,7 +124,7 @@ class OneStepOffRollout:
             if last:
                 self.engine_version = self.trainer_version
             else:  # the trainer exports now, while the engines still generate; the engines load it next step
-                self._exported = roles.trainer.export_weights.remote()
+                self._exported = roles.trainer.export_arrays.remote()
         gen_tokens = sum(len(c) for c in generated.completions)
         record["time/sync"] += sync_before
         record["time/other"] = max(0.0, record["time/step"] - sum(record[f"time/{k}"] for k in TIME_KEYS))

@@ -13,7 +13,7 @@ import os
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import check_model_dir
 from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args, check_request_length
-from posttrain.rollout.weights import count_tensors
+from posttrain.rollout.weights import payload_as_safetensors, payload_count
 
 EXTENSION = "posttrain.rollout.vllm_sync.WeightSyncExtension"
 
@@ -91,9 +91,12 @@ class VllmEngine:
         reason = "stop" if output.finish_reason == "stop" else "length"
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason)
 
-    def update_weights(self, safetensors_bytes: bytes) -> None:
-        expected = count_tensors(safetensors_bytes)
-        loaded = self.llm.collective_rpc("posttrain_load_weights", args=(safetensors_bytes,))
+    def update_weights(self, payload) -> None:
+        expected = payload_count(payload)
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            # the engine core is another process: its arguments are serialised, so send self-describing bytes
+            payload = payload_as_safetensors(payload)
+        loaded = self.llm.collective_rpc("posttrain_load_weights", args=(payload,))
         if any(n != expected for n in loaded):
             raise RuntimeError(f"weight sync: sent {expected} tensors but the workers loaded {loaded}")
         # Cached prefixes hold KV computed with the old weights; reusing them would mix old and new policies.

@@ -2,8 +2,10 @@
 
 vLLM mixes this class into its worker when the engine is built with
 `LLM(..., worker_extension_cls="posttrain.rollout.vllm_sync.WeightSyncExtension")`; the engine then calls
-`llm.collective_rpc("posttrain_load_weights", args=(safetensors_bytes,))`. Weights travel as safetensors bytes
-because raw tensors in `args` arrive as lists. Method names carry a `posttrain_` prefix because vLLM refuses an
+`llm.collective_rpc("posttrain_load_weights", args=(payload,))`. With the engine core in the caller's process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0, as rollout workers run it) the payload is passed as is, so the array payload's
+read-only views of Ray's object store reach the loader without a copy; with an engine-core process the engine sends
+safetensors bytes instead, because raw tensors in `args` arrive there as lists. Method names carry a `posttrain_` prefix because vLLM refuses an
 extension whose attribute names clash with the worker's own.
 
 The tied-embedding trap: when `lm_head` shares its weight with `embed_tokens`, vLLM loads the shared tensor once,
@@ -51,12 +53,13 @@ def refresh_tied_layers(groups: list[list[tuple[str, object]]]) -> list[str]:
 class WeightSyncExtension:
     """Mixed into vLLM's worker: `self.model_runner` is the worker's model runner."""
 
-    def posttrain_load_weights(self, safetensors_bytes: bytes) -> int:
-        """Loads every tensor in `safetensors_bytes` (HF names) into the model in place; returns how many tensors
-        the model's loader consumed, so the caller can check it equals the number it sent."""
-        from safetensors.torch import load
+    def posttrain_load_weights(self, payload) -> int:
+        """Loads every tensor of `payload` (safetensors bytes, or an array payload when the engine runs in this
+        process; HF names) into the model in place; returns how many tensors the model's loader consumed, so the
+        caller can check it equals the number it sent."""
+        from posttrain.rollout.weights import payload_tensors
 
-        tensors = load(safetensors_bytes)
+        tensors = payload_tensors(payload)
         model = self.model_runner.get_model()
         tied_groups = _weight_sharing_groups(model)  # before the reload, while the ties are intact
         consumed = 0

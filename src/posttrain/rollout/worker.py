@@ -7,8 +7,8 @@ environment in the actor's runtime_env (vLLM reads it when the engine starts, in
     worker = actor_cls.remote("vllm", model_dir, {"kv_cache_gb": 1})
     completions = ray.get(worker.generate.remote(prompts, SamplingSpec(n=8), seeds))
 
-Weights travel as safetensors bytes through Ray's object store (put them once with `ray.put` and pass the ref
-to every worker).
+Weights travel through Ray's object store as an array payload or safetensors bytes (rollout/weights.py; put
+them once with `ray.put` and pass the ref to every worker).
 
 Threads: Ray gives the actor OMP_NUM_THREADS = its num_cpus. On the shared 2-core test machine one OMP thread
 generated ~8x faster than two (~5,000-6,500 vs ~700 tok/s on the 1m model), so an engine run outside Ray
@@ -47,10 +47,11 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
         return self.engine.generate(prompts, spec, seeds)
 
-    def update_weights(self, safetensors_bytes: bytes) -> float:
-        """Loads new weights in place; returns the seconds it took inside this process."""
+    def update_weights(self, payload) -> float:
+        """Loads new weights in place from safetensors bytes or an array payload (rollout/weights.py); returns
+        the seconds it took inside this process."""
         start = time.perf_counter()
-        self.engine.update_weights(safetensors_bytes)
+        self.engine.update_weights(payload)
         return time.perf_counter() - start
 
     def completion_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:

@@ -190,6 +190,13 @@ class ShardedTrainer(Trainer):
         full = self.full_state()
         return save(full) if self.rank == 0 else None
 
+    def export_arrays(self) -> dict | None:
+        """The whole policy as an array payload (rollout/weights.py) from rank 0 (None from the others)."""
+        from posttrain.rollout.weights import arrays_from_tensors
+
+        full = self.full_state()
+        return arrays_from_tensors(full) if self.rank == 0 else None
+
     def save(self, ckpt_tmp_dir: str) -> None:
         import torch.distributed.checkpoint as dcp
         from safetensors.torch import save_file

@@ -174,6 +174,12 @@ class Trainer:
 
         return export_weights(self.model)
 
+    def export_arrays(self) -> dict:
+        """The weights as an array payload (rollout/weights.py): what the loop syncs engines with."""
+        from posttrain.rollout.weights import export_arrays
+
+        return export_arrays(self.model)
+
     def save(self, ckpt_tmp_dir: str) -> None:
         """Writes `model/` (HF dir, safetensors, with tokenizer) and the trainer state into the temp checkpoint dir."""
         d = Path(ckpt_tmp_dir)
