@@ -57,11 +57,12 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
 
 def pin_ray_to_loopback() -> None:
     """ray.init(_node_ip_address="127.0.0.1") alone is replaced by the machine's interface address (Ray's
-    resolve_ip_for_localhost), and then the GCS, raylet, workers and agents bind their gRPC ports on it, on 0.0.0.0
-    or on [::] (seen with psutil: tests/test_reliability_driver.py). Ray skips that replacement when its constant
-    ENABLE_RAY_CLUSTER is off, and then binds every port on 127.0.0.1. Ray reads the constant from
-    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when `ray` is first imported, which is usually before this runs: so the
-    variable is set for child processes and the constant itself for this one."""
+    resolve_ip_for_localhost), and then the GCS, raylet, workers and agents bind their gRPC ports on it or on the
+    IPv4/IPv6 wildcard addresses, i.e. on every interface (seen with psutil: tests/test_reliability_driver.py).
+    Ray skips that replacement when its constant ENABLE_RAY_CLUSTER is off, and then binds every port on
+    127.0.0.1. Ray reads the constant from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when `ray` is first imported,
+    which is usually before this runs: so the variable is set for child processes and the constant itself for
+    this one."""
     from ray._private import ray_constants
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
