@@ -6,7 +6,7 @@ from posttrain.config import TaskConfig
 from posttrain.errors import PosttrainError
 from posttrain.loop import split_evenly
 from posttrain.rewards.verifier import score_one
-from posttrain.rollout.sampler import Cursor, PromptSampler, sample_seed
+from posttrain.rollout.sampler import MAX_GROUP_SIZE, Cursor, PromptSampler, prompt_seeds, sample_seed
 from posttrain.tasks import Problem, load_task
 
 
@@ -73,6 +73,35 @@ def test_split_evenly_and_seeds():
     assert split_evenly(7, 3) == [(0, 3), (3, 5), (5, 7)]
     assert split_evenly(2, 3) == [(0, 1), (1, 2), (2, 2)]
     assert sample_seed(0, 1, 2) != sample_seed(0, 2, 1)
+
+
+def effective_seeds(run_seed: int, step: int, prompt_indices, group_size: int) -> list[int]:
+    """The seed each sample is drawn with: its prompt's seed + the sample index (vLLM's rule, HfEngine's too)."""
+    return [sample_seed(run_seed, step, i) + j for i in prompt_indices for j in range(group_size)]
+
+
+def test_every_sample_of_a_run_has_a_seed_of_its_own():
+    # by hand: run 1, step 2, prompt 3 -> ((1 * 2**22 + 2) * 2**16 + 3) * 2**10
+    assert sample_seed(1, 2, 3) == ((1 * 4194304 + 2) * 65536 + 3) * 1024 == 2**48 + 2 * 2**26 + 3 * 2**10 == 281475110931456
+    # The old layout (run * 1_000_003 + step * 10_007 + prompt) gave 8 prompts x 4 samples 11 streams, not 32:
+    old = {(0 + 1 * 10_007 + i) + j for i in range(8) for j in range(4)}
+    assert len(old) == 11
+    assert len(set(effective_seeds(0, 1, range(8), 4))) == 32
+    # A run: 60 steps of 32 prompts x 8 samples, each step with up to two refill rounds (prompt index 32..95,
+    # as DAPO numbers them), a resume re-deriving the same seeds, and a largest group at the layout's edge.
+    run = [s for step in range(60) for s in effective_seeds(0, step, range(96), 8)]
+    assert len(run) == len(set(run)) == 60 * 96 * 8
+    assert effective_seeds(0, 17, range(96), 8) == run[17 * 768 : 18 * 768]  # resume: same step, same seeds
+    edge = effective_seeds(0, 5, [0, 1], MAX_GROUP_SIZE)
+    assert len(set(edge)) == 2 * MAX_GROUP_SIZE
+    assert not set(run) & set(effective_seeds(1, 0, range(96), 8))  # another run seed, other streams
+    # eval suites: prompt i's block of samples never meets prompt i+1's
+    blocks = [b + j for b in prompt_seeds(7, 50) for j in range(MAX_GROUP_SIZE)]
+    assert len(blocks) == len(set(blocks))
+    with pytest.raises(ValueError, match="prompt index"):
+        sample_seed(0, 0, 1 << 16)
+    with pytest.raises(ValueError, match="step"):
+        sample_seed(0, -1, 0)
 
 
 def test_digit_credit_by_hand():

@@ -50,7 +50,7 @@ class AlgorithmConfig(_Section):
         description="The algorithm; each name presets the knobs below that the config leaves unset (see "
         "docs/algorithms.md). dpo trains offline from preference pairs (`posttrain dpo`).",
     )
-    group_size: int = Field(8, description="Completions sampled per prompt (GRPO's group).")
+    group_size: int = Field(8, le=1024, description="Completions sampled per prompt (GRPO's group); at most 1024, each with a sampling seed of its own.")
     prompts_per_step: int = Field(32, gt=0, description="Prompts per step; the batch is prompts_per_step*group_size samples.")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range of the importance ratio.")
     kl_coef: float = Field(0.02, ge=0, description="Weight of the k3 KL estimate to the reference; 0 = no reference.")

@@ -238,3 +238,79 @@ def test_vllm_stops_at_eos_and_keeps_it(vllm_engine, tiny_models):
 def test_vllm_rejects_requests_longer_than_max_model_len(vllm_engine):
     with pytest.raises(PosttrainError, match="max_model_len"):
         vllm_engine.generate([[5] * 125], SamplingSpec(max_new_tokens=8), seeds=[0])
+
+
+# ---------------------------------------------------------------- independence of samples across prompts
+
+AGREEMENT_ALPHA = 0.001  # false-alarm rate of the permutation test below when samples are independent
+
+
+def cross_prompt_agreement_pvalue(reps: list[list[list[tuple]]], permutations: int = 4999, seed: int = 0) -> float:
+    """One-sided permutation test that completions of *different* prompts agree more often than completions of the
+    same prompt. Each rep is groups x samples of completions (token-id tuples) for copies of one prompt, so under
+    independent sampling every sample is exchangeable with every other: the statistic (summed over reps) is the
+    share of identical pairs across prompts minus the share within a prompt, and the p-value is the rank of the
+    observed value among random regroupings. Its false-alarm rate is at most the chosen alpha on any machine."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    match, labels = [], []
+    for groups in reps:
+        flat = [c for g in groups for c in g]
+        ids = {c: k for k, c in enumerate(dict.fromkeys(flat))}
+        code = np.array([ids[c] for c in flat])
+        iu = np.triu_indices(len(flat), 1)
+        match.append((code[:, None] == code[None, :])[iu])
+        labels.append((np.repeat(np.arange(len(groups)), len(groups[0])), iu))
+
+    def statistic(perm_labels) -> float:
+        total = 0.0
+        for m, lab in zip(match, perm_labels):
+            same = lab[:, None] == lab[None, :]
+            same = same[np.triu_indices(len(lab), 1)]
+            total += m[~same].mean() - m[same].mean()
+        return total
+
+    observed = statistic([lab for lab, _ in labels])
+    null = [statistic([rng.permutation(lab) for lab, _ in labels]) for _ in range(permutations)]
+    return (1 + sum(t >= observed - 1e-12 for t in null)) / (1 + permutations)
+
+
+def test_agreement_pvalue_by_hand():
+    # two prompts x two samples, one rep: a within-prompt match only -> the observed statistic is the minimum
+    assert cross_prompt_agreement_pvalue([[[(1,), (1,)], [(2,), (3,)]]], permutations=999) == 1.0
+    # A1 = B1, A2 = B2: across 2/4 - within 0/2 = 0.5. Of the 3 ways to pair 4 samples, {A1 B2 | A2 B1} gives 0.5
+    # too, {A1 B1 | A2 B2} gives 0/4 - 2/2 = -1: P(stat >= 0.5) = 2/3; three such reps: (2/3)**3 = 0.296
+    rep = [[(1,), (2,)], [(1,), (2,)]]
+    assert abs(cross_prompt_agreement_pvalue([rep], permutations=1999) - 2 / 3) < 0.04
+    assert abs(cross_prompt_agreement_pvalue([rep] * 3, permutations=1999) - 8 / 27) < 0.04
+
+
+def copies_of_one_prompt(engine, seeds_per_rep: list[list[int]]) -> list[list[list[tuple]]]:
+    spec = SamplingSpec(n=4, max_new_tokens=2, temperature=1.0)
+    return [[[tuple(c.token_ids) for c in g] for g in engine.generate([PROMPTS[0]] * len(seeds), spec, seeds)]
+            for seeds in seeds_per_rep]
+
+
+def run_seeds(reps: int) -> list[list[int]]:
+    from posttrain.rollout.sampler import sample_seed
+
+    return [[sample_seed(0, step, i) for i in range(8)] for step in range(reps)]
+
+
+def old_layout_seeds(reps: int) -> list[list[int]]:
+    """The seed layout before the fix: prompt i of step s got base + s * 10_007 + i."""
+    return [[step * 10_007 + i for i in range(8)] for step in range(reps)]
+
+
+@pytest.mark.parametrize("engine_name", ["hf", pytest.param("vllm", marks=pytest.mark.integration)])
+def test_samples_of_different_prompts_agree_no_more_than_samples_of_one_prompt(engine_name, request):
+    """8 copies of one prompt, n = 4, 6 steps' seeds: under the run's seed layout, completions of different
+    prompts agree no more than completions of one prompt (permutation test, alpha 0.001). The same test on the
+    old layout, where prompt i's sample j shared prompt i+1's sample j-1's stream, must find the correlation."""
+    engine = request.getfixturevalue(f"{engine_name}_engine")
+    fixed = cross_prompt_agreement_pvalue(copies_of_one_prompt(engine, run_seeds(6)))
+    old = cross_prompt_agreement_pvalue(copies_of_one_prompt(engine, old_layout_seeds(6)))
+    print(f"\n{engine_name}: p = {fixed:.4f} with the run's seeds, {old:.4f} with the old layout")
+    assert fixed > AGREEMENT_ALPHA
+    assert old <= AGREEMENT_ALPHA

@@ -1,7 +1,8 @@
 """Running suites on a model: generate with a rollout engine, score, summarise, cache.
 
 A sample's record is {id, prompt, output, score, tokens} (+ `failed` for regression cases, `chosen_score` /
-`rejected_scores` for preference pairs). Prompt i of a suite is sampled with seed `sampling.seed + i`, so two
+`rejected_scores` for preference pairs). Prompt i of a suite is sampled with seed `sampling.seed + 1024 i` (its sample j with that + j; see
+`rollout.sampler.prompt_seeds`), so two
 models evaluated on the same suite see identical prompts and seeds: their records pair up by id.
 
 The cache key of a suite's records is sha256(model content hash, suite digest, sampling, engine, dtype): the
@@ -54,20 +55,25 @@ class EngineSettings:
         return {"dtype": self.dtype, "max_model_len": self.max_model_len, "kv_cache_gb": self.kv_cache_gb}
 
 
+SEED_LAYOUT = 2  # 1: prompt i had seed + i, so its samples shared streams with its neighbours'
+
+
 def cache_key(model_hash: str, suite: Suite, engine: EngineSettings) -> str:
     sampling = suite.sampling.model_dump() if suite.sampling else None
-    blob = json.dumps([model_hash, suite.digest, sampling, engine.kind, engine.dtype], sort_keys=True)
+    # SEED_LAYOUT: records sampled under an earlier seed layout are not these seeds' records
+    blob = json.dumps([model_hash, suite.digest, sampling, engine.kind, engine.dtype, SEED_LAYOUT], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def generate_records(engine, encoder, suite: Suite) -> list[dict]:
     """Generates every sample of a generation/regression suite and scores it."""
     from posttrain.rollout.engine import SamplingSpec
+    from posttrain.rollout.sampler import prompt_seeds
 
     s = suite.sampling
     prompts = [encoder.encode(x["prompt"]) for x in suite.samples]
     spec = SamplingSpec(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
-    groups = engine.generate(prompts, spec, [s.seed + i for i in range(len(prompts))])
+    groups = engine.generate(prompts, spec, prompt_seeds(s.seed, len(prompts)))
     records = []
     for sample, group in zip(suite.samples, groups):
         for j, c in enumerate(group):

@@ -38,8 +38,8 @@ class Sampling(_Strict):
     temperature: float = Field(0.0, ge=0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(8, gt=0, description="Longest completion (tokens).")
-    n: int = Field(1, ge=1, description="Completions per prompt, each a sample of its own.")
-    seed: int = Field(0, description="Base seed; prompt i gets seed + i, so both sides of a comparison match.")
+    n: int = Field(1, ge=1, le=1024, description="Completions per prompt, each a sample of its own.")
+    seed: int = Field(0, description="Base seed; prompt i gets seed + 1024*i (its sample j that + j), so both sides of a comparison match.")
 
 
 class TaskSource(_Strict):

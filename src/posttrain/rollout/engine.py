@@ -3,7 +3,9 @@ engine (vLLM or transformers) is behind it.
 
 Conventions every engine keeps:
 - Prompts and completions are token ids (list[int]); no text crosses this interface.
-- `generate` takes one seed per prompt; the same (weights, prompts, spec, seeds) give the same completions.
+- `generate` takes one seed per prompt and draws that prompt's sample j with seed + j (vLLM's rule for the
+  children of an n > 1 request); callers space prompts' seeds apart (`sampler.sample_seed`). The same (weights,
+  prompts, spec, seeds) give the same completions.
 - `temperature == 0` means greedy decoding (the seed is then irrelevant).
 - A completion's `token_ids` include the EOS token when `finish_reason == "stop"`.
 - Logprobs are raw-model logprobs: log_softmax of the unscaled logits (the temperature-1 distribution, before
@@ -42,7 +44,7 @@ class Completion:
 
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
-        """Returns, for each prompt i, `spec.n` completions sampled with seed `seeds[i]`."""
+        """Returns, for each prompt i, `spec.n` completions; completion j is sampled with seed `seeds[i] + j`."""
         ...
 
     def update_weights(self, payload) -> None:

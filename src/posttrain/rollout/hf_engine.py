@@ -1,8 +1,8 @@
 """`HfEngine`: the transformers fallback rollout engine, for machines or models vLLM does not serve.
 
-A plain decode loop with a KV cache over one left-padded batch (every prompt repeated `n` times). Each prompt
-samples from its own `torch.Generator(seed)`, so its completions do not depend on what else is in the batch
-(up to float rounding). Slow next to vLLM, but small enough to read and to trust.
+A plain decode loop with a KV cache over one left-padded batch (every prompt repeated `n` times). Sample j of
+prompt i draws from its own `torch.Generator(seeds[i] + j)` (vLLM's rule for n > 1), so a completion depends on
+its seed alone, not on what else is in the batch (up to float rounding). Slow next to vLLM, but small enough to read and to trust.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class HfEngine:
         for i, prompt in enumerate(prompts):
             input_ids[i * n : (i + 1) * n, longest - len(prompt) :] = torch.tensor(prompt)
             mask[i * n : (i + 1) * n, longest - len(prompt) :] = 1
-        generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+        generators = [torch.Generator().manual_seed(int(seed) + j) for seed in seeds for j in range(n)]
 
         tokens = torch.full((rows, spec.max_new_tokens), self.pad_id, dtype=torch.long)
         logprobs = torch.zeros((rows, spec.max_new_tokens))
@@ -64,7 +64,7 @@ class HfEngine:
                 )
                 past = out.past_key_values
                 logits = out.logits[:, -1, :].float()  # [rows, vocab]
-                chosen = self._choose(logits, spec, generators, n)
+                chosen = self._choose(logits, spec, generators)
                 raw = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None])[:, 0]
                 chosen = torch.where(finished, torch.full_like(chosen, self.pad_id), chosen)
                 tokens[:, t], logprobs[:, t] = chosen, raw
@@ -93,15 +93,14 @@ class HfEngine:
         return results
 
     @staticmethod
-    def _choose(logits, spec: SamplingSpec, generators, n: int):
-        """Next token per row: argmax at temperature 0, else a sample from prompt i's generator for its n rows."""
+    def _choose(logits, spec: SamplingSpec, generators):
+        """Next token per row: argmax at temperature 0, else a sample from the row's own generator."""
         import torch
 
         if spec.temperature == 0:
             return logits.argmax(-1)
         probs = torch.softmax(top_p_filter(logits / spec.temperature, spec.top_p), dim=-1)
-        picks = [torch.multinomial(probs[i * n : (i + 1) * n], 1, generator=g)[:, 0] for i, g in enumerate(generators)]
-        return torch.cat(picks)
+        return torch.cat([torch.multinomial(probs[r : r + 1], 1, generator=g)[:, 0] for r, g in enumerate(generators)])
 
     def update_weights(self, payload) -> None:
         import torch

@@ -44,10 +44,34 @@ class PromptSampler:
         return {"epoch": self.cursor.epoch, "offset": self.cursor.offset}
 
 
+# Bit fields of a sampling seed, low to high: sample index | prompt index within the step | step | run seed.
+SAMPLE_BITS, PROMPT_BITS, STEP_BITS, RUN_BITS = 10, 16, 22, 15
+MAX_GROUP_SIZE = 1 << SAMPLE_BITS  # completions per prompt that get seeds of their own
+MAX_PROMPTS_PER_STEP = 1 << PROMPT_BITS  # refill rounds included
+MAX_STEPS = 1 << STEP_BITS
+
+
 def sample_seed(run_seed: int, step: int, prompt_index: int) -> int:
-    """A per-prompt sampling seed fixed by (run seed, step, prompt index), so the same step resamples the same
-    completions after a resume without saving engine RNG state."""
-    return (run_seed * 1_000_003 + step * 10_007 + prompt_index) % (2**31 - 1)
+    """Seed of sample 0 of the prompt at `prompt_index` (numbered across the step's refill rounds) of `step`.
+
+    Engines draw sample j of a prompt with seed + j: that is vLLM's own rule for the children of an n > 1 request
+    (vllm/v1/engine/parallel_sampling.py), and HfEngine follows it. The fields are packed into disjoint bit ranges
+    (sample 10 bits, prompt 16, step 22, run seed 15; < 2**63), so every (step, prompt, sample) of a run has a seed
+    no other one has: no two samples of a run share a random stream, whichever worker draws them and after any
+    resume. (The old `base + prompt_index` gave prompt i's sample j the stream of prompt i+1's sample j-1.)
+    Run seeds are taken modulo 2**15."""
+    if not 0 <= step < MAX_STEPS:
+        raise ValueError(f"step {step} is outside the seed layout's 0..{MAX_STEPS - 1}")
+    if not 0 <= prompt_index < MAX_PROMPTS_PER_STEP:
+        raise ValueError(f"prompt index {prompt_index} is outside the seed layout's 0..{MAX_PROMPTS_PER_STEP - 1}")
+    run = run_seed % (1 << RUN_BITS)
+    return ((run << STEP_BITS | step) << PROMPT_BITS | prompt_index) << SAMPLE_BITS
+
+
+def prompt_seeds(base_seed: int, count: int) -> list[int]:
+    """Seeds for `count` prompts sampled together outside the RL loop (eval suites): prompt i gets
+    base_seed + i * MAX_GROUP_SIZE, so its samples (seed + j) never meet another prompt's."""
+    return [base_seed + i * MAX_GROUP_SIZE for i in range(count)]
 
 
 def data_fingerprint(problems: list[Problem]) -> str:
