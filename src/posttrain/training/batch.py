@@ -40,18 +40,62 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
     return PackedBatch(input_ids, attention, targets, cmask, starts)
 
 
+# Config fields of HF causal LMs that change the logits after the head (Gemma2/3 tanh softcapping, Cohere and Granite
+# scaling, Falcon-H1's multiplier, Inkling's vocabulary trim; from every *ForCausalLM in transformers 5.19): when one
+# is set, head(hidden) is not the model's logits.
+LOGIT_POSTPROCESSING_FIELDS = (
+    "final_logit_softcapping", "logits_soft_cap", "logit_scale", "logits_scaling", "lm_head_multiplier",
+    "unpadded_vocab_size",
+)
+
+
+def split_head(model):
+    """(body, head) such that model's logits are head(body(...).last_hidden_state), or None when the model cannot be
+    split that way and its full forward must run. body: the transformer (`get_decoder()`); head: the nn.Linear LM
+    head (`get_output_embeddings()`)."""
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(model, FSDPModule):
+            return None  # FSDP gathers the root's weights (embeddings, head) in the root's forward: the body skips it
+    configs = (model.config, model.config.get_text_config())
+    if any(getattr(c, f, None) is not None for c in configs for f in LOGIT_POSTPROCESSING_FIELDS):
+        return None
+    body, head = model.get_decoder(), model.get_output_embeddings()
+    # Only the plain `logits = self.lm_head(hidden)` layout: a head that is not lm_head (ModernBERT's decoder) or
+    # not a bare Linear may hide more layers.
+    if type(head) is not torch.nn.Linear or getattr(model, "lm_head", None) is not head or body is model:
+        return None
+    return body, head
+
+
 def completion_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Logits that predict each completion token: [B, T, V]. Position start+j-1 predicts completion token j."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    picked = at_completion_positions(out.logits, batch)
+    """Logits that predict each completion token: [B, T, V]. Position start+j-1 predicts completion token j.
+    The transformer runs over all L positions but the LM head only over the B*T that predict completion tokens
+    (the head is a [hidden, V] matmul per position, large against the body at vocabularies of tens of thousands);
+    models that `split_head` cannot split run whole and have their logits gathered."""
+    split = split_head(model)
+    if split is None:
+        picked = full_forward_completion_logits(model, batch)
+    else:
+        body, head = split
+        hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+        picked = head(at_completion_positions(hidden, batch))
     if temperature > 0 and temperature != 1.0:
         picked = picked / temperature
     return picked
 
 
+def full_forward_completion_logits(model, batch: PackedBatch) -> torch.Tensor:
+    """[B, T, V] logits, temperature 1, the slow way: the head over all L positions of prompt + completion, then the
+    completion positions gathered. For models `split_head` cannot split, and the reference in tests and benchmarks."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    return at_completion_positions(out.logits, batch)
+
+
 def at_completion_positions(per_position: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     """[B, L, D] outputs over prompt+completion -> [B, T, D] at the positions that predict each completion token
-    (start+j-1 for token j): the logits of the token, or the value of the state before it."""
+    (start+j-1 for token j): the hidden state or logits that predict the token, or the value of the state before it."""
     T = batch.targets.shape[1]
     idx = (batch.starts.unsqueeze(1) - 1 + torch.arange(T).unsqueeze(0)).clamp(max=per_position.shape[1] - 1)
     return per_position.gather(1, idx.unsqueeze(-1).expand(-1, -1, per_position.shape[-1]))
