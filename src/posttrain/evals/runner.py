@@ -134,6 +134,9 @@ class ModelEvaluator:
         self.engine = None
         self.encoder = None
         self.engine_model: str | None = None  # the model whose weights the engine holds
+        # its config and tokenizer as read when they were loaded: in the loop, retention may delete that checkpoint
+        # directory once the evaluator has read it, before the next checkpoint is compared against it
+        self.engine_architecture: bytes | None = None
         self.model_dir: str | None = None
         self.model_hash = ""
 
@@ -151,8 +154,9 @@ class ModelEvaluator:
         if self.engine is None:
             self.engine = make_engine(self.settings.kind, self.model_dir, **self.settings.options())
             self.encoder = PromptEncoder(load_tokenizer(self.model_dir))
+            self.engine_architecture = architecture_files(self.model_dir)
         elif self.engine_model != self.model_dir:
-            if not same_architecture(self.engine_model, self.model_dir):
+            if architecture_files(self.model_dir) != self.engine_architecture:
                 raise PosttrainError(
                     f"compare: {self.model_dir} and {self.engine_model} differ in config.json or tokenizer",
                     hint="compare checkpoints of one model family, or run `posttrain eval` on each separately",
@@ -182,12 +186,13 @@ class ModelEvaluator:
         return SuiteResult(suite.name, suite.kind, records, summarize(records), False, seconds, key)
 
 
-def same_architecture(a: str | Path, b: str | Path) -> bool:
-    def read(d, name):
-        p = Path(d) / name
+def architecture_files(model_dir: str | Path) -> bytes:
+    """config.json and tokenizer.json of a model directory (empty where absent), as one comparable value."""
+    def read(name):
+        p = Path(model_dir) / name
         return p.read_bytes() if p.is_file() else b""
 
-    return all(read(a, n) == read(b, n) for n in ("config.json", "tokenizer.json"))
+    return read("config.json") + b"\0" + read("tokenizer.json")
 
 
 def weights_bytes(model_dir: str | Path) -> bytes:
