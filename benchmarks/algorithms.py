@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -40,12 +39,65 @@ def window_means(values: list[float], k: int) -> tuple[float, float]:
     return sum(values[:k]) / k, sum(values[-k:]) / k
 
 
-def run_online(name: str, model_dir: str, runs_dir: str, steps: int, seed: int, engine: str, k: int) -> dict:
+PROBE_SAMPLES = 8  # completions per held-out problem in the paired probe (temperature 1)
+
+
+def probe_rewards(model_dir: str, cfg, problems) -> list[float]:
+    """Mean sampled reward per held-out problem: PROBE_SAMPLES completions at temperature 1 with fixed seeds
+    (HfEngine in this process). Two models probed on the same problems draw with the same seeds (common random
+    numbers), so where their policies agree their samples agree too and the paired difference is low-noise."""
+    from posttrain.models.loading import PromptEncoder, load_tokenizer
+    from posttrain.rewards.verifier import score_one
+    from posttrain.rollout.engine import SamplingSpec
+    from posttrain.rollout.hf_engine import HfEngine
+    from posttrain.rollout.sampler import prompt_seeds
+    from posttrain.tasks import load_task
+
+    task = load_task(cfg.task, cfg.seed)
+    encoder = PromptEncoder(load_tokenizer(model_dir), cfg.model.chat_template)
+    prompts = [encoder.encode(p.prompt) for p in problems]
+    spec = SamplingSpec(n=PROBE_SAMPLES, max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
+    groups = HfEngine(model_dir).generate(prompts, spec, prompt_seeds(10_000 + cfg.seed, len(prompts)))
+    return [sum(score_one(task, p, encoder.decode_completion(c.token_ids)).reward for c in g) / len(g)
+            for p, g in zip(problems, groups)]
+
+
+def paired_gain(before: list[float], after: list[float]) -> dict:
+    """Mean per-problem gain after - before, its standard error (problems as the unit) and the ratio."""
+    from posttrain.evals.stats import mean_se
+
+    d = mean_se([a - b for a, b in zip(after, before)])
+    return {"probe_before": sum(before) / len(before), "probe_after": sum(after) / len(after),
+            "probe_gain": d.mean, "probe_gain_se": d.se, "probe_z": d.mean / d.se if d.se > 0 else 0.0}
+
+
+def final_model(run_dir: Path) -> str:
+    return str(max((Path(run_dir) / "checkpoints").glob("step_*")) / "model")
+
+
+_probe_cache: dict = {}
+
+
+def probe_gain(cfg, start_model: str, trained_model: str) -> dict:
+    """The paired probe on the task's held-out problems: the start model's rewards are computed once per start."""
+    from posttrain.tasks import load_task
+
+    problems = load_task(cfg.task, cfg.seed).heldout
+    key = (start_model, cfg.task.model_dump_json(), cfg.seed, cfg.rollout.max_new_tokens)
+    if key not in _probe_cache:
+        _probe_cache[key] = probe_rewards(start_model, cfg, problems)
+    return paired_gain(_probe_cache[key], probe_rewards(trained_model, cfg, problems))
+
+
+def run_online(name: str, model_dir: str, runs_dir: str, steps: int, seed: int, engine: str, k: int,
+               extra: tuple[str, ...] = (), probe: bool = True) -> dict:
+    """One run of an online algorithm; `extra` overrides go last (the test's objective); `probe`: measure the
+    paired held-out probe (start vs final model)."""
     from posttrain.config import load_config
     from posttrain.loop import remove_run, train
     from posttrain.tracking import read_metrics
 
-    cfg = load_config(None, run_overrides(name, model_dir, runs_dir, steps, seed, engine))
+    cfg = load_config(None, [*run_overrides(name, model_dir, runs_dir, steps, seed, engine), *extra])
     remove_run(cfg.run_dir)
     t0 = time.perf_counter()
     summary = train(cfg, progress=False)
@@ -57,7 +109,7 @@ def run_online(name: str, model_dir: str, runs_dir: str, steps: int, seed: int, 
         "reward_curve": [round(m["reward_mean"], 4) for m in metrics],
         "heldout_before": summary["heldout_accuracy_before"], "heldout_after": summary["heldout_accuracy_after"],
         "mean_step_seconds": summary["mean_step_seconds"], "run_wall_seconds": wall,
-        "needs": needs(name),
+        **(probe_gain(cfg, model_dir, final_model(cfg.run_dir)) if probe else {}), "needs": needs(name),
     }
 
 
@@ -126,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     finally:
         stop_ray()
-    result = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, 2 cores", "seed": args.seed,
+    from posttrain.machine import describe_machine
+
+    result = {"machine": describe_machine(), "seed": args.seed,
               "steps": args.steps, "engine": args.engine, "batch": "32 prompts x 8 samples", "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

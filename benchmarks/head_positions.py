@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -130,13 +128,11 @@ def measure(label: str, rows: int, rounds: int) -> dict:
 def machine(threads: int) -> dict:
     import transformers
 
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+    from posttrain.machine import describe_machine
+
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
-    cpus = int(next(ln.split(":", 1)[1] for ln in lscpu.splitlines() if ln.startswith("CPU(s)")))
-    return {"cpu": model_name, "cpus": cpus, "torch_threads": threads,
-            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+    return {**describe_machine(), "torch_threads": threads, "transformers": transformers.__version__,
             "loadavg_1_5_15_min_at_start": load}
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -331,18 +330,14 @@ def ensure_warm_model(args, runs: Path) -> str:
 
 def machine() -> dict:
     import ray
-    import torch
     import transformers
     import vllm
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    mem = next((int(line.split()[1]) // 1024 // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
-                if line.startswith("MemTotal")), None)
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "platform": platform.platform(),
-            "python": platform.python_version(), "gpu": GPU_NOTE,
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "vllm": vllm.__version__,
-                         "ray": ray.__version__}}
+    from posttrain.machine import describe_machine
+
+    return {**describe_machine(), "gpu": GPU_NOTE,
+            "versions": {"torch": describe_machine()["torch"], "transformers": transformers.__version__,
+                         "vllm": vllm.__version__, "ray": ray.__version__}}
 
 
 def main(argv: list[str] | None = None) -> int:

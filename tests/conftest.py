@@ -11,6 +11,20 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _torch_threads_for_the_numerics_matrix() -> None:
+    """scripts/numerics_matrix.sh runs the learning tests with 1 torch thread as one of its settings: this sets the
+    default of `topology.torch_threads` for every config the tests build (a test that sets it keeps its value)."""
+    threads = os.environ.get("POSTTRAIN_TEST_TORCH_THREADS")
+    if threads:
+        from posttrain.config import TopologyConfig
+
+        TopologyConfig.model_fields["torch_threads"].default = int(threads)
+        TopologyConfig.model_rebuild(force=True)
+
+
+_torch_threads_for_the_numerics_matrix()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     from posttrain.models.tiny import build_tiny_model

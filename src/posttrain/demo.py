@@ -8,6 +8,7 @@ import time
 
 from posttrain.config import RunConfig
 from posttrain.loop import remove_run, train
+from posttrain.machine import describe_machine
 from posttrain.models.tiny import build_tiny_model
 
 
@@ -43,6 +44,7 @@ def run_demo(cfg: RunConfig, *, progress: bool = True, log=print) -> dict:
             "sft_steps": sft.steps,
             "sft_seconds": sft.wall_seconds,
             "sft_heldout_accuracy": sft.heldout_accuracy,
+            "machine": describe_machine(),  # the numbers differ from one CPU's kernels to another's (README)
         }
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -1,0 +1,36 @@
+"""What machine a number was measured on. Float results, and so RL trajectories, depend on the CPU's kernels
+(AVX-512 vs AVX2, oneDNN's and MKL's choices) and on the thread count, so every measured result records them."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+# Environment variables that force other numeric kernels (scripts/numerics_matrix.sh sets them).
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
+
+
+def cpu_model() -> str:
+    """The CPU's model name as lscpu prints it (from /proc/cpuinfo), or platform.processor() elsewhere."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or "unknown"
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
+                platform.processor() or "unknown")
+
+
+def describe_machine() -> dict:
+    """CPU model, cores, memory, the vector ISA torch runs its kernels with, forced-kernel variables, versions."""
+    import torch
+
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        mem = next(int(ln.split()[1]) // 1024 // 1024 for ln in meminfo if ln.startswith("MemTotal"))
+    except (OSError, StopIteration):
+        mem = None
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "memory_gib": mem,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ},
+            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__}
