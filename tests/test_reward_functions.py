@@ -32,6 +32,9 @@ def starts_with_answer(prompt, completion, answer):        # per-sample, no **kw
 def only_short(prompt, completion, completion_ids):        # None: does not apply to long completions
     return None if len(completion_ids) > 2 else 2.0
 
+def only_answered(prompt, completion, answer):            # None where the row has no answer
+    return None if answer is None else 1.0
+
 def ids_seen(completions, sample_ids, completion_ids):     # batch, the columns the loop adds
     return [float(len(i)) + int(s.split("/")[-1]) for i, s in zip(completion_ids, sample_ids)]
 
@@ -277,3 +280,48 @@ def test_a_run_logs_each_function_and_counts_the_planted_failures(tmp_path, tiny
     state = json.loads(next((cfg.run_dir / "checkpoints").glob("*/state.json")).read_text())
     assert state["reward_functions"]["brevity"]["form"] == "batch"
     assert state["reward_functions"]["has_digit"]["form"] == "sample async"
+
+
+# ---------------------------------------------------------------------------------------------- as an eval scorer
+
+
+@pytest.mark.parametrize("name", ["length_batch", "starts_with_answer", "slow_b"])
+def test_a_function_scores_the_same_as_reward_and_as_eval_scorer(module, name):
+    """One definition of quality: the training path (FunctionScorers in the reward worker) and the eval scorer
+    `{type: function, fn: ...}` give identical numbers on identical text."""
+    from posttrain.evals.scorers import build_scorer
+
+    as_reward, _ = _score(module, name)[name]
+    scorer = build_scorer({"type": "function", "fn": f"{module}:{name}"}, where="suite.yaml, suite s")
+    as_scorer = [scorer(r["prompt"], r["completion"], {"answer": r["answer"], "id": r["sample_id"]}) for r in ROWS]
+    assert as_scorer == as_reward, (as_scorer, as_reward)
+
+
+def test_an_eval_scorer_failure_or_none_names_the_function_and_the_sample(module):
+    from posttrain.evals.scorers import build_scorer
+
+    with pytest.raises(PosttrainError, match=r"suite.yaml, suite s, field scorer: fn: .*has no symbol 'nope'"):
+        build_scorer({"type": "function", "fn": f"{module}:nope"}, where="suite.yaml, suite s")
+    raises = build_scorer({"type": "function", "fn": f"{module}:raises"}, where="w")
+    with pytest.raises(PosttrainError, match=r"raised ValueError: no score for 42 for sample s7 at step eval"):
+        raises("40+2=", "42", {"answer": "42", "id": "s7"})
+    only_answered = build_scorer({"type": "function", "fn": f"{module}:only_answered"}, where="w")
+    assert only_answered("p", "x", {"id": "s8", "answer": "3"}) == 1.0
+    with pytest.raises(PosttrainError, match=r"returned None \(does not apply\) for sample s8"):
+        only_answered("p", "x", {"id": "s8"})
+
+
+def test_resume_with_a_changed_function_warns_or_refuses_under_strict_resume(module):
+    from posttrain.rewards.functions import check_resume
+
+    cfg = load_config(None, [f"reward.functions=[{{name: len, fn: '{module}:length_batch'}}]"])
+    saved = {n: vars(s) for n, s in check_functions(cfg.reward.functions).items()}
+    warnings: list[str] = []
+    check_resume(saved, check_functions(cfg.reward.functions), False, "ckpt", warnings.append)
+    assert warnings == []
+    module.write_text(MODULE + "\n# edited\n")
+    now = check_functions(cfg.reward.functions)
+    check_resume(saved, now, False, "ckpt", warnings.append)
+    assert len(warnings) == 1 and f"len ({module}) changed: sha256 {saved['len']['sha256'][:12]}" in warnings[0]
+    with pytest.raises(PosttrainError, match="the reward functions differ from those checkpoint ckpt"):
+        check_resume(saved, now, True, "ckpt", warnings.append)

@@ -80,17 +80,19 @@ class FunctionSource:
     form: str      # "batch" or "sample", with " async" when it is a coroutine function
 
 
+def check_function(name: str, spec: str, field: str) -> FunctionSource:
+    """Loads the function `spec` names and reads its form; PosttrainError naming `field`, the file and the symbol
+    when it cannot be used."""
+    sym, fn = load_callable(spec, field)
+    form = signature_form(fn, f"{field}: {sym.file}:{sym.name}")
+    return FunctionSource(name, spec, str(sym.file), sym.sha256(),
+                          ("batch" if form.batch else "sample") + (" async" if form.is_async else ""))
+
+
 def check_functions(functions) -> dict[str, FunctionSource]:
-    """At start, before any actor: loads every `reward.functions` entry and reads its form; PosttrainError naming
-    the field, file and symbol on the first that cannot be used. Returns name -> its source (sha256 included)."""
-    out = {}
-    for i, f in enumerate(functions):
-        field = f"reward.functions.{i}.fn"
-        sym, fn = load_callable(f.fn, field)
-        form = signature_form(fn, f"{field}: {sym.file}:{sym.name}")
-        out[f.name] = FunctionSource(f.name, f.fn, str(sym.file), sym.sha256(),
-                                     ("batch" if form.batch else "sample") + (" async" if form.is_async else ""))
-    return out
+    """At start, before any actor: every `reward.functions` entry checked (`check_function`), the first that cannot
+    be used raising. Returns name -> its source (sha256 included)."""
+    return {f.name: check_function(f.name, f.fn, f"reward.functions.{i}.fn") for i, f in enumerate(functions)}
 
 
 def changed_sources(saved: dict, now: dict[str, FunctionSource]) -> list[str]:
@@ -235,12 +237,11 @@ class FunctionScorers:
     """The reward worker's side: one child process per function, all called at once (one thread each, which only
     waits on its pipe). `functions`: the `reward.functions` entries."""
 
-    def __init__(self, functions, timeout_s: float, default: float):
+    def __init__(self, functions, timeout_s: float, default: float, field: str = "reward.functions"):
         from posttrain.rewards.verifier import ChildProcess
 
         self.timeout_s, self.default = timeout_s, default
-        self.children = {f.name: ChildProcess(functools.partial(_function_handler, f.name, f.fn,
-                                                                f"reward.functions.{i}.fn"),
+        self.children = {f.name: ChildProcess(functools.partial(_function_handler, f.name, f.fn, f"{field}.{i}.fn"),
                                               f"posttrain-reward-{f.name}")
                          for i, f in enumerate(functions)}
         self._forms: dict[str, str] = {}
