@@ -80,6 +80,13 @@ def _as_bin(d: Path) -> None:
     (d / "model.safetensors").rename(d / "pytorch_model.bin")
 
 
+def _reward_fn(tmp: Path, model: str, code: str | None, symbol: str = "score") -> list[str]:
+    """`train` with one reward function from rewards.py in tmp (not written when `code` is None)."""
+    if code is not None:
+        (tmp / "rewards.py").write_text(code)
+    return _good(tmp, model, f"reward.functions=[{{name: mine, fn: '{tmp / 'rewards.py'}:{symbol}'}}]")
+
+
 def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: bool = False,
                 extra: tuple[str, ...] = (), data: str | None = None) -> list[str]:
     """A run dir holding one checkpoint whose state.json carries `fingerprint` (default: the config's own) and the
@@ -209,6 +216,18 @@ CASES = [
     Case("prompt-too-long", "prompts longer than the engine's max length",
          lambda t, m: _good(t, m, "rollout.vllm.max_model_len=10"),
          "rollout.vllm.max_model_len=10 is shorter than the longest prompt"),
+    # --- reward functions from user code
+    Case("reward-fn-missing-file", "reward function whose file does not exist",
+         lambda t, m: _reward_fn(t, m, None), "reward.functions.0.fn:"),
+    Case("reward-fn-import-raises", "reward function module that raises on import",
+         lambda t, m: _reward_fn(t, m, "import os\nURL = os.environ['SCORER_URL']\n"),
+         "raised KeyError: 'SCORER_URL' (line 2)"),
+    Case("reward-fn-missing-symbol", "reward function name absent from its module",
+         lambda t, m: _reward_fn(t, m, "def scor(prompt, completion):\n    return 1.0\n"),
+         "has no symbol 'score'"),
+    Case("reward-fn-signature", "reward function whose signature fits neither form",
+         lambda t, m: _reward_fn(t, m, "def score(text, gold):\n    return 1.0\n"),
+         "the signature fits neither reward-function form: its parameters are (text, gold)"),
     # --- the run directory and resume
     Case("run-dir-unwritable", "unwritable run directory", lambda t, m: _good(t, m, "runs_dir=/proc/posttrain"),
          "runs_dir: cannot write to /proc/posttrain"),

@@ -198,6 +198,14 @@ class JudgeConfig(_Section):
     cache: str | None = Field(None, description="sqlite cache file (default: <run dir>/judge-cache.sqlite).")
 
 
+class RewardFunctionConfig(_Section):
+    """One reward function from user code (rewards/functions.py): batch or per-sample, sync or async."""
+
+    name: str = Field(description="Its source name: logged as reward/<name>, failures as reward_failures/<name>/<kind>.")
+    fn: str = Field(description="path/to/file.py:function or package.module:function.")
+    weight: float = Field(1.0, description="Its weight in the reward (0 = logged only).")
+
+
 class RewardConfig(_Section):
     """How samples are scored: sources, their weights, and what a failed score becomes."""
 
@@ -228,14 +236,36 @@ class RewardConfig(_Section):
     format_regex: str = Field(r"\d+", description="Regex the whole stripped completion must match for format = 1.")
     log_gold: bool = Field(False, description="Log the task's hidden gold score (reward/gold; built-in addition only).")
     judge: JudgeConfig = Field(default_factory=lambda: JudgeConfig())
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=list,
+        description="Reward functions from user code, each {name, fn, weight}: batch fn(prompts, completions, **columns) "
+        "-> list[float|None] (TRL's form) or per-sample fn(prompt, completion, **columns) -> float|None, async or not; "
+        "None = does not apply (left out of the mean). Each adds weight * score, runs in a child process of the "
+        "reward worker under timeout_seconds, and is logged as reward/<name>. See docs/rewards.md.",
+    )
+    strict_resume: bool = Field(
+        False, description="--resume refuses (instead of warning) when a reward function's source file changed since "
+        "the checkpoint (sha256).",
+    )
 
     @model_validator(mode="after")
     def _check_sources(self) -> "RewardConfig":
+        import re
+
         from posttrain.rewards.compose import SOURCES
 
         unknown = sorted(set(self.weights) - set(SOURCES))
         if unknown:
-            raise ValueError(f"reward.weights: unknown source(s) {unknown}; use any of {list(SOURCES)}")
+            raise ValueError(f"reward.weights: unknown source(s) {unknown}; use any of {list(SOURCES)} (reward "
+                             "functions take their weight in reward.functions)")
+        seen: set[str] = set()
+        for i, f in enumerate(self.functions):
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", f.name) or f.name in (*SOURCES, "gold", "rm_disagreement"):
+                raise ValueError(f"reward.functions.{i}.name={f.name!r}: use letters, digits, '_', '.' or '-', and "
+                                 f"not a built-in source name ({', '.join(SOURCES)}, gold, rm_disagreement)")
+            if f.name in seen:
+                raise ValueError(f"reward.functions.{i}.name={f.name!r} is used twice; each function needs its own name")
+            seen.add(f.name)
         if self.weights.get("rm") and not self.rm_path:
             raise ValueError("reward.weights has an 'rm' weight but reward.rm_path is not set; point it at a "
                              "reward-model directory (`posttrain rm train` writes one)")

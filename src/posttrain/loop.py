@@ -23,6 +23,7 @@ from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab
 from posttrain.preemption import (ASSUMED_CHECKPOINT_BYTES_PER_S, Preempted, SigtermWatch, StepAbandoned,
                                   point_of_no_return)
 from posttrain.progress import StepProgress
+from posttrain.rewards.functions import check_functions, check_resume, function_failure_counts, record_sources
 from posttrain.rewards.scoring import component_means, score_batch
 from posttrain.rewards.verifier import FailureBudget, failure_counts, score_one
 from posttrain.rollout.engine import SamplingSpec
@@ -44,14 +45,17 @@ class RunState:
     cursor: Cursor = field(default_factory=Cursor)
     eval_history: list[dict] = field(default_factory=list)
     data_fingerprint: str | None = None  # of the training split the cursor walks (sampler.data_fingerprint)
+    reward_functions: dict = field(default_factory=dict)  # name -> {fn, file, sha256, form} (reward.functions)
 
     def to_json(self, fingerprint: str) -> dict:
         return {"step": self.step, "cursor": vars(self.cursor), "eval_history": self.eval_history,
-                "config_fingerprint": fingerprint, "data_fingerprint": self.data_fingerprint}
+                "config_fingerprint": fingerprint, "data_fingerprint": self.data_fingerprint,
+                **({"reward_functions": self.reward_functions} if self.reward_functions else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "RunState":
-        return cls(d["step"], Cursor(**d["cursor"]), d["eval_history"], d.get("data_fingerprint"))
+        return cls(d["step"], Cursor(**d["cursor"]), d["eval_history"], d.get("data_fingerprint"),
+                   d.get("reward_functions", {}))
 
 
 # ---------------------------------------------------------------------------------------------- rollout helpers
@@ -139,9 +143,11 @@ def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, 
             out.items.append((p.id, p.prompt, p.answer, encoder.decode_completion(c.token_ids)))
 
     t = time.perf_counter()
-    scored = score_batch(cfg, roles, out.items, [len(c) for c in out.completions], roles.judge)
+    scored = score_batch(cfg, roles, out.items, [len(c) for c in out.completions], roles.judge,
+                         completion_ids=out.completions, sample_ids=out.sample_ids, step=step + 1)
     times["reward"] += time.perf_counter() - t
     out.rewards = scored.rewards
+    out.function_errors = scored.function_errors or [{} for _ in range(len(out))]
     out.errors = scored.errors
     out.verifier = scored.verifier
     out.components = [{k: v[i] for k, v in scored.components.items()} for i in range(len(out))]
@@ -249,6 +255,8 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
         if key in train_metrics:
             record[key] = train_metrics[key]
     record.update(component_means({k: [c[k] for c in generated.components] for k in generated.components[0]}))
+    if cfg.reward.functions:
+        record.update(function_failure_counts([f.name for f in cfg.reward.functions], generated.function_errors))
     samples = {"step": step + 1,
                "samples": [[sid, it[3], float(r)] for sid, it, r in zip(generated.sample_ids, generated.items, rewards)],
                "reward_errors": {sid: err for sid, err in zip(generated.sample_ids, generated.errors) if err is not None}}
@@ -394,6 +402,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
 
         for i, rm_dir in enumerate([cfg.reward.rm_path, *cfg.reward.rm_ensemble]):
             check_reward_model_dir(rm_dir, "reward.rm_path" if i == 0 else f"reward.rm_ensemble.{i - 1}")
+    functions = check_functions(cfg.reward.functions)  # user code: imported here, before any actor, to fail early
     tokenizer = load_tokenizer(cfg.model.path)
     check_vocab(cfg.model.path, tokenizer)  # here, not first inside a Ray actor
     encoder = PromptEncoder(tokenizer, cfg.model.chat_template)
@@ -405,6 +414,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
             hint="raise rollout.vllm.max_model_len or shorten the prompts",
         )
     run_dir = prepare_run_dir(cfg, resume)
+    record_sources(run_dir / "config.yaml", functions)
     ckpt.check_disk_space(run_dir, cfg.model.path)
     bar = StepProgress(cfg.algorithm.name, cfg.train.steps, enabled=progress and cfg.logging.progress,
                        fields=("reward", "acc", "tok/s"))
@@ -414,7 +424,9 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     if resume:
         resume_path, state = load_resume_state(cfg, bar.log, data)
         state.data_fingerprint = data
+        check_resume(state.reward_functions, functions, cfg.reward.strict_resume, resume_path, bar.log)
         bar.log(f"resuming from {resume_path} (step {state.step}, data cursor {vars(state.cursor)})")
+    state.reward_functions = {n: vars(src) for n, src in functions.items()}
     if resume_path is not None and state.step >= cfg.train.steps:
         bar.log(f"run {cfg.name} is already at step {state.step} of train.steps={cfg.train.steps}: nothing to train "
                 "(raise train.steps to continue it)")
@@ -513,6 +525,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
 
     summary = build_summary(cfg, state, final_ckpt, time.perf_counter() - wall0)
     summary["curves"] = str(plot_run(run_dir))
+    if state.reward_functions:
+        summary["reward_functions"] = state.reward_functions
     summary.update(alarms.summary(), stopped_by_alarm=stopped_by,
                    best_checkpoint=str(in_loop.best_checkpoint()) if in_loop and in_loop.best_checkpoint() else None)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -104,7 +104,8 @@ class LoopAlarms:
         outs = [o[0] for o in generate_on_workers(roles.rollout, prompts, spec, [0] * len(prompts),
                                                   rollout_resync(roles))]
         items = [(p.id, p.prompt, p.answer, encoder.decode_completion(o.token_ids)) for p, o in zip(problems, outs)]
-        scored = score_batch(self.cfg, roles, items, [len(o.token_ids) for o in outs], roles.judge)
+        scored = score_batch(self.cfg, roles, items, [len(o.token_ids) for o in outs], roles.judge,
+                             completion_ids=[list(o.token_ids) for o in outs], step="heldout")
         gold = scored.components["gold"]
         return {"heldout/proxy": sum(scored.rewards) / len(items), "heldout/gold": sum(gold) / len(gold)}
 

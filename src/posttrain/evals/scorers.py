@@ -4,8 +4,9 @@ and any other fields the suite file gave it).
 
 A suite names its scorer as `{type: NAME, ...options}`; `build_scorer` looks NAME up in `SCORERS` and calls the
 factory with the options: exact, numeric, regex, verifier, python (a user hook), reward_model (a trained RM
-directory), judge (an LLM judge endpoint) and gold (a built-in task's hidden gold function). `register_scorer`
-adds more.
+directory), judge (an LLM judge endpoint), gold (a built-in task's hidden gold function) and function (a
+reward function from user code, run exactly as `reward.functions` runs it in training). `register_scorer` adds
+more.
 """
 
 from __future__ import annotations
@@ -93,6 +94,33 @@ def python_scorer(*, hook: str) -> Scorer:
     return lambda prompt, output, record: float(fn(prompt, output, record))
 
 
+def function_scorer(*, fn: str, timeout_seconds: float = 10.0) -> Scorer:
+    """A reward function (`path/to/file.py:name` or `package.module:name`, batch or per-sample, async or not; see
+    rewards/functions.py) in its own child process, the same code path as `reward.functions` in training, so one
+    text gets one score. Each sample is one call (a batch function sees a batch of one). A failure, or None (the
+    function does not apply), stops the eval with a message naming the function and the sample: a suite scores
+    every sample."""
+    from posttrain.config import RewardFunctionConfig
+    from posttrain.rewards.functions import FunctionScorers, check_function
+
+    name = fn.rpartition(":")[2]
+    check_function(name, fn, "fn")
+    scorers = FunctionScorers([RewardFunctionConfig(name=name, fn=fn)], timeout_seconds, 0.0, field="scorer")
+
+    def score(prompt: str, output: str, record: dict) -> float:
+        row = {"prompt": prompt, "completion": output, "answer": record.get("answer"), "completion_ids": None,
+               "sample_id": str(record.get("id", "?"))}
+        (value,), (error,) = scorers.score([row], "eval")[name]
+        if error is not None:
+            raise PosttrainError(f"function scorer {fn}: {error}")
+        if value is None:
+            raise PosttrainError(f"function scorer {fn}: returned None (does not apply) for sample {row['sample_id']}",
+                                 hint="an eval suite scores every sample: keep only samples the function applies to")
+        return value
+
+    return score
+
+
 def reward_model_scorer(*, path: str, chat_template: str = "auto", normalized: bool = True) -> Scorer:
     """A trained reward model (`posttrain rm train` writes one) in this process: its score of (prompt, output),
     normalized by the mean/std stored with the model unless normalized: false."""
@@ -148,6 +176,7 @@ SCORERS: dict[str, ScorerFactory] = {
     "reward_model": reward_model_scorer,
     "judge": judge_scorer,
     "gold": gold_scorer,
+    "function": function_scorer,
 }
 
 

@@ -6,6 +6,8 @@ Sources (names used in `reward.weights` and logged as `reward/<name>`):
     judge     an LLM judge's score (rewards/judge.py), mapped to [0, 1]
     length    -(completion tokens) / rollout.max_new_tokens, in [-1, 0]
     format    1 when the completion matches `reward.format_regex`, else 0
+    <name>    a reward function from user code (`reward.functions`, rewards/functions.py); its weight is there.
+              Its score may be None (does not apply): that sample adds nothing from it.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ def format_component(completions: list[str], pattern: str) -> list[float]:
     return [1.0 if rx.fullmatch(c.strip()) else 0.0 for c in completions]
 
 
-def compose(components: dict[str, list[float]], weights: dict[str, float]) -> list[float]:
-    """The total reward per sample: sum over sources of weight * component. Every weighted source must be present
-    and all components must have the same length; sources without a weight are logged, not added."""
+def compose(components: dict[str, list[float | None]], weights: dict[str, float]) -> list[float]:
+    """The total reward per sample: sum over sources of weight * component, a None component adding nothing.
+    Every weighted source must be present and all components must have the same length; sources without a weight
+    are logged, not added."""
     missing = [k for k, w in weights.items() if w and k not in components]
     if missing:
         raise ValueError(f"no scores for weighted reward source(s) {missing}")
@@ -56,4 +59,5 @@ def compose(components: dict[str, list[float]], weights: dict[str, float]) -> li
     if len(lengths) > 1:
         raise ValueError(f"reward components differ in length: { {k: len(v) for k, v in components.items()} }")
     n = lengths.pop() if lengths else 0
-    return [sum(w * components[k][i] for k, w in weights.items() if w) for i in range(n)]
+    return [sum(w * components[k][i] for k, w in weights.items() if w and components[k][i] is not None)
+            for i in range(n)]

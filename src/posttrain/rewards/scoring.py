@@ -17,6 +17,7 @@ class ScoredBatch:
     components: dict[str, list[float]]   # source -> score per sample (also 'gold' and 'rm_disagreement' when logged)
     errors: list[str | None]             # why a sample's verifier (or judge) scoring failed; None = scored
     verifier: list[float] | None         # verifier scores (for accuracy), None when not computed
+    function_errors: list[dict] | None = None  # per sample: reward function name -> why it failed (failed ones only)
 
     @property
     def failures(self) -> int:
@@ -24,13 +25,22 @@ class ScoredBatch:
 
 
 def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_tokens: list[int],
-                judge=None) -> ScoredBatch:
-    """items: (problem_id, prompt, answer, completion_text) per sample; completion_tokens: their lengths."""
+                judge=None, *, completion_ids: list[list[int]] | None = None, sample_ids: list[str] | None = None,
+                step: int | str = "?") -> ScoredBatch:
+    """items: (problem_id, prompt, answer, completion_text) per sample; completion_tokens: their lengths.
+    completion_ids, sample_ids and step are what reward functions (reward.functions) are given and name in errors."""
     import ray
 
-    w = cfg.reward.weights
+    w = dict(cfg.reward.weights)
     texts = [it[3] for it in items]
     refs = {"verifier": roles.reward.score.remote(items)}
+    if cfg.reward.functions:  # in the reward worker, each in its own child process, while the verifier scores
+        w.update({f.name: f.weight for f in cfg.reward.functions})
+        ids = sample_ids or [f"{step}/{it[0]}/{i}" for i, it in enumerate(items)]
+        rows = [{"prompt": it[1], "completion": it[3], "answer": it[2], "sample_id": sid,
+                 "completion_ids": completion_ids[i] if completion_ids is not None else None}
+                for i, (it, sid) in enumerate(zip(items, ids))]
+        refs["functions"] = roles.reward.score_functions.remote(rows, step)
     if w.get("rm"):
         refs["rm"] = roles.reward_model.member_scores.remote([(it[1], it[3]) for it in items])
     components: dict[str, list[float]] = {}
@@ -47,15 +57,30 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
         components["rm"] = ensemble_mean(got["rm"])
         if len(got["rm"]) > 1:  # logged, never added: how much the members disagree on each sample
             components["rm_disagreement"] = ensemble_spread(got["rm"])
+    function_errors = None
+    if "functions" in got:
+        function_errors = [{} for _ in items]
+        for name, (scores, errs) in got["functions"].items():
+            components[name] = scores
+            for i, e in enumerate(errs):
+                if e is not None:
+                    function_errors[i][name] = e
+                    errors[i] = errors[i] or e  # the sample's first failure counts it once in the budget
     components["length"] = length_component(completion_tokens, cfg.rollout.max_new_tokens)
     components["format"] = format_component(texts, cfg.reward.format_regex)
     total = compose(components, w)
     gold = gold_function(cfg.task.name) if cfg.reward.log_gold else None
     if gold is not None:
         components["gold"] = [gold(it[2], it[3]) for it in items]
-    return ScoredBatch(total, components, errors, components["verifier"])
+    return ScoredBatch(total, components, errors, components["verifier"], function_errors)
 
 
-def component_means(components: dict[str, list[float]]) -> dict[str, float]:
-    """reward/<source> -> the batch mean of that source, for metrics.jsonl."""
-    return {f"reward/{k}": sum(v) / len(v) for k, v in components.items() if v}
+def component_means(components: dict[str, list[float | None]]) -> dict[str, float]:
+    """reward/<source> -> the batch mean of that source, for metrics.jsonl; None scores (a reward function that
+    does not apply to a sample) are left out, and a source with no score at all is not logged."""
+    out = {}
+    for k, v in components.items():
+        scored = [x for x in v if x is not None]
+        if scored:
+            out[f"reward/{k}"] = sum(scored) / len(scored)
+    return out

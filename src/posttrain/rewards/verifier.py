@@ -68,56 +68,58 @@ def _die_with_parent() -> None:
         pass
 
 
-def _scoring_process(conn, make_task: Callable[[], Task], default: float) -> None:
-    """Child process: builds the task once, then scores (problem, completion) pairs until the pipe closes."""
+def _serve(conn, make_handler: Callable[[], Callable]) -> None:
+    """Child process: builds its handler once, then answers requests until the pipe closes."""
     _die_with_parent()
-    task = make_task()
+    handler = make_handler()
     conn.send("ready")
     while True:
         try:
-            problem, completion = conn.recv()
+            request = conn.recv()
         except EOFError:
             return
-        conn.send(score_one(task, problem, completion, default))
+        conn.send(handler(request))
 
 
-class IsolatedScorer:
-    """Scores samples one by one in a child process; a sample that takes longer than `timeout_s` seconds kills
-    the child (a new one starts for the next sample). `make_task` must be picklable (the child is spawned)."""
+class ChildProcess:
+    """A spawned child that builds `make_handler()` once and answers `call(request)` with `handler(request)`. A call
+    that takes longer than its timeout kills the child (a fresh one starts on the next call); so does a handler that
+    takes its own process down. Shared by the verifier and user reward functions (rewards/functions.py);
+    `make_handler` must be picklable."""
 
     START_TIMEOUT_S = 120.0  # building a task of 20,000 generated problems takes well under a second
 
-    def __init__(self, make_task: Callable[[], Task], timeout_s: float, default: float = 0.0):
-        self.make_task, self.timeout_s, self.default = make_task, timeout_s, default
+    def __init__(self, make_handler: Callable[[], Callable], name: str):
+        self.make_handler, self.name = make_handler, name
         self._ctx = mp.get_context("spawn")  # not fork: the reward worker is a multi-threaded Ray process
         self._proc = None
         self._conn = None
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_scoring_process, args=(child, self.make_task, self.default),
-                                       daemon=True, name="posttrain-verifier")
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.make_handler), daemon=True, name=self.name)
         self._proc.start()
         child.close()
         self._conn = parent
         if not parent.poll(self.START_TIMEOUT_S) or parent.recv() != "ready":
             self.close()
-            raise RuntimeError("the verifier process did not start")
+            raise RuntimeError(f"the {self.name} process did not start")
 
-    def score(self, problem: Problem, completion: str) -> RewardResult:
+    def call(self, request, timeout_s: float) -> tuple[str, object]:
+        """("ok", the handler's answer), ("timeout", None) or ("died", the child's exit code)."""
         if self._proc is None or not self._proc.is_alive():
             self._start()
         try:
-            self._conn.send((problem, completion))
-            if self._conn.poll(self.timeout_s):
-                return self._conn.recv()
+            self._conn.send(request)
+            if self._conn.poll(timeout_s):
+                return "ok", self._conn.recv()
             self.close()
-            return RewardResult(self.default, f"timeout: verifier ran longer than {self.timeout_s:g} s")
-        except (EOFError, OSError):  # the verifier took its process down (os._exit, a segfault in an extension)
+            return "timeout", None
+        except (EOFError, OSError):  # the handler took its process down (os._exit, a segfault in an extension)
             self._proc.join(5)  # reap it, for its exit code
             code = self._proc.exitcode
             self.close()
-            return RewardResult(self.default, f"exception: the verifier's process died (exit code {code})")
+            return "died", code
 
     def close(self) -> None:
         if self._proc is not None:
@@ -126,6 +128,31 @@ class IsolatedScorer:
         if self._conn is not None:
             self._conn.close()
         self._proc = self._conn = None
+
+
+def _task_handler(make_task: Callable[[], Task], default: float) -> Callable:
+    task = make_task()
+    return lambda request: score_one(task, *request, default)
+
+
+class IsolatedScorer:
+    """Scores samples one by one in a child process; a sample that takes longer than `timeout_s` seconds kills
+    the child (a new one starts for the next sample). `make_task` must be picklable (the child is spawned)."""
+
+    def __init__(self, make_task: Callable[[], Task], timeout_s: float, default: float = 0.0):
+        self.timeout_s, self.default = timeout_s, default
+        self.child = ChildProcess(functools.partial(_task_handler, make_task, default), "posttrain-verifier")
+
+    def score(self, problem: Problem, completion: str) -> RewardResult:
+        status, value = self.child.call((problem, completion), self.timeout_s)
+        if status == "ok":
+            return value
+        if status == "timeout":
+            return RewardResult(self.default, f"timeout: verifier ran longer than {self.timeout_s:g} s")
+        return RewardResult(self.default, f"exception: the verifier's process died (exit code {value})")
+
+    def close(self) -> None:
+        self.child.close()
 
 
 class RewardWorker:
@@ -139,6 +166,11 @@ class RewardWorker:
         self.default = cfg.reward.default
         self.scorer = IsolatedScorer(functools.partial(load_task, cfg.task, cfg.seed), cfg.reward.timeout_seconds,
                                      self.default)
+        self.functions = None
+        if cfg.reward.functions:  # user code: a child process per function (rewards/functions.py)
+            from posttrain.rewards.functions import FunctionScorers
+
+            self.functions = FunctionScorers(cfg.reward.functions, cfg.reward.timeout_seconds, self.default)
 
     def score(self, items: list[tuple[str, str, str, str]]) -> list[tuple[float, str | None]]:
         """items: (problem_id, prompt, answer, completion_text) -> (reward, error) per item."""
@@ -147,6 +179,11 @@ class RewardWorker:
             r = self.scorer.score(Problem(pid, prompt, answer), text)
             out.append((r.reward, r.error))
         return out
+
+    def score_functions(self, rows: list[dict], step) -> dict[str, tuple[list, list]]:
+        """The user's reward functions on rows (prompt, completion, answer, completion_ids, sample_id):
+        name -> (score per row, error per row); see FunctionScorers.score."""
+        return self.functions.score(rows, step)
 
 
 # ---------------------------------------------------------------------------------------------- run-level threshold
@@ -169,13 +206,14 @@ class FailureBudget:
         failed = sum(w[1] for w in self.window)
         if total == 0 or failed / total <= self.max_fraction:
             return
-        by_kind = {k: sum(w[2].get(k, 0) for w in self.window) for k in FAILURE_KINDS}
+        kinds = dict.fromkeys([*FAILURE_KINDS, *(k for w in self.window for k in w[2] if "/" not in k)])
+        by_kind = {k: sum(w[2].get(k, 0) for w in self.window) for k in kinds}
         example = next(iter((samples.get("reward_errors") or {}).items()), None)
         raise PosttrainError(
             f"reward: {failed} of the last {total} samples ({failed / total:.0%}, over {len(self.window)} steps) "
             f"failed to score, above reward.max_failure_fraction={self.max_fraction:g} "
             f"({', '.join(f'{k}: {v}' for k, v in by_kind.items())})"
             + (f"; e.g. sample {example[0]}: {example[1]}" if example else ""),
-            hint="fix the task's verifier (each failure is in samples.jsonl under reward_errors), raise "
-            "reward.timeout_seconds for slow verifiers, or raise reward.max_failure_fraction",
+            hint="fix the task's verifier or the reward function named (each failure is in samples.jsonl under "
+            "reward_errors), raise reward.timeout_seconds for slow ones, or raise reward.max_failure_fraction",
         )

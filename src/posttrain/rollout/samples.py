@@ -17,6 +17,7 @@ class StepSamples:
     errors: list[str | None] = field(default_factory=list)       # why scoring failed, per sample (None = scored)
     verifier: list[float] = field(default_factory=list)          # the verifier's score (accuracy is counted on it)
     components: list[dict] = field(default_factory=list)         # reward source -> score (logged as reward/<source>)
+    function_errors: list[dict] = field(default_factory=list)    # reward function -> why it failed (reward.functions)
 
     def __len__(self) -> int:
         return len(self.sample_ids)
