@@ -8,8 +8,10 @@
 #   threads1 native kernels, 1 torch intra-op thread for trainer, reference, SFT and RM training (default 2)
 # Usage: scripts/numerics_matrix.sh [SETTING ...] [-- PYTEST_ARGS]     (default: all four settings, all tests)
 #        DEMO=1 scripts/numerics_matrix.sh avx2      also runs `posttrain demo` under the setting (~8 min each)
-# Writes runs/numerics/<setting>/{pytest.log,junit.xml[,demo.log,summary.json]} and prints a pass/fail line per
-# test and setting. Takes about 15 min per setting on 2 cores (the demo adds ~8).
+#        TESTS=0 DEMO=1 scripts/numerics_matrix.sh     the demo alone
+# Writes runs/numerics/<setting>/{pytest.log,junit.xml[,demo.log,summary.json]} and prints the pass count, the
+# failures and the measured effects per setting; `python scripts/numerics_table.py` prints them as one markdown
+# table. Takes 10-20 min per setting on 2 cores (the demo adds ~8).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -45,17 +47,25 @@ status=0
 for s in "${settings[@]}"; do
   vars=$(env_of "$s") || exit 2
   out=runs/numerics/$s
-  rm -rf "$out"; mkdir -p "$out"
+  mkdir -p "$out"
   tests=("${LEARNING_TESTS[@]}")
   if [ "$s" = novec ]; then
     tests=(); for t in "${LEARNING_TESTS[@]}"; do [[ " ${VLLM_TESTS[*]} " == *" $t "* ]] || tests+=("$t"); done
   fi
   echo "== $s: ${vars:-no overrides}"
-  start=$(date +%s)
-  env $vars "$PY" -m pytest "${tests[@]}" -v -s -p no:cacheprovider --timeout=1800 --junitxml="$out/junit.xml" \
-    "${extra[@]}" >"$out/pytest.log" 2>&1 || status=1
-  echo "   pytest: $(tail -n 1 "$out/pytest.log")  ($(( $(date +%s) - start )) s)"
-  grep -E "^tests/.*(PASSED|FAILED|ERROR)" "$out/pytest.log" | sed "s/^/   /"
+  if [ "${TESTS:-1}" = 1 ]; then
+    rm -f "$out/pytest.log" "$out/junit.xml"
+    start=$(date +%s)
+    env $vars "$PY" -m pytest "${tests[@]}" -v -s -p no:cacheprovider --timeout=1800 --junitxml="$out/junit.xml" \
+      "${extra[@]}" >"$out/pytest.log" 2>&1 || status=1
+    echo "   pytest: $(tail -n 1 "$out/pytest.log")  ($(( $(date +%s) - start )) s)"
+    grep -E "(PASSED|FAILED|ERROR)$" "$out/pytest.log" | grep -oE "tests/\S+ (PASSED|FAILED|ERROR)|(PASSED|FAILED|ERROR)$" \
+      | grep -c PASSED | sed "s/^/   passed: /"
+    grep -E "^FAILED|^ERROR" "$out/pytest.log" | sed "s/^/   /"
+    # the measured effects the assertions are about
+    grep -E "^[a-z_]+: reward steps|^dpo: held-out|^\| addition-heldout|^planted over-optimization|first alarm" \
+      "$out/pytest.log" | cut -c1-160 | sed "s/^/   /"
+  fi
   if [ "${DEMO:-0}" = 1 ]; then
     [ "$s" = novec ] && demo_args=(rollout.engine=hf) || demo_args=()
     start=$(date +%s)
