@@ -335,8 +335,9 @@ def machine() -> dict:
 
     from posttrain.machine import describe_machine
 
-    return {**describe_machine(), "gpu": GPU_NOTE,
-            "versions": {"torch": describe_machine()["torch"], "transformers": transformers.__version__,
+    described = describe_machine()
+    return {**described, "gpu": GPU_NOTE,
+            "versions": {"torch": described["torch"], "transformers": transformers.__version__,
                          "vllm": vllm.__version__, "ray": ray.__version__}}
 
 
