@@ -58,9 +58,12 @@ def train_bpe_tokenizer(
     seed: int = 0,
     lexicon_size: int | None = None,
     sentences: int | None = None,
+    individual_digits: bool = True,
 ):
     """Trains a byte-level BPE tokenizer to `vocab_size` tokens and saves it to `out_dir` (tokenizer.json and
-    tokenizer_config.json, chat template included when given). Returns the `PreTrainedTokenizerFast`."""
+    tokenizer_config.json, chat template included when given). Returns the `PreTrainedTokenizerFast`.
+    `individual_digits` splits numbers into one token per digit before BPE, as Qwen2's and Llama-3's tokenizers do
+    (so a small model can learn arithmetic digit by digit)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -68,7 +71,9 @@ def train_bpe_tokenizer(
     texts = list(synthetic_corpus(lexicon, sentences or max(2_000, vocab_size * 2), seed))
     texts += [t for t in extra_texts]
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                          if individual_digits else byte_level)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
