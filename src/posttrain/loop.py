@@ -421,7 +421,6 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     ckpt.check_disk_space(run_dir, cfg.model.path)
     bar = StepProgress(cfg.algorithm.name, cfg.train.steps, enabled=progress and cfg.logging.progress,
                        fields=("reward", "acc", "tok/s"))
-    record_report(task, run_dir, bar.log)  # dataset tasks: runs/<name>/data_report.json, held-out overlap warning
     data = data_fingerprint(task.train)
     state = RunState(data_fingerprint=data)
     resume_path = None
@@ -431,6 +430,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         check_resume(state.reward_functions, functions, cfg.reward.strict_resume, resume_path, bar.log)
         bar.log(f"resuming from {resume_path} (step {state.step}, data cursor {vars(state.cursor)})")
     state.reward_functions = {n: vars(src) for n, src in functions.items()}
+    record_report(task, run_dir, bar.log)  # dataset tasks: runs/<name>/data_report.json, held-out overlap warning
     if resume_path is not None and state.step >= cfg.train.steps:
         bar.log(f"run {cfg.name} is already at step {state.step} of train.steps={cfg.train.steps}: nothing to train "
                 "(raise train.steps to continue it)")

@@ -95,7 +95,7 @@ def check_answer(value, where: str, cols: ColumnMap) -> str | None:
 def row_problem(row, where: str, number: str, cols: ColumnMap, extra: list[str], id_prefix: str = "") -> Problem:
     """One row -> Problem; `extra`: the names of the columns that travel with it (a row lacking one gets None)."""
     if not isinstance(row, dict):
-        raise PosttrainError(f"{where}: each row must be an object with a {cols.prompt!r} column, got "
+        raise PosttrainError(f"{where}: each row must be a JSON object with a {cols.prompt!r} column, got "
                              f"{type(row).__name__}")
     if row.get(cols.prompt) is None:
         raise PosttrainError(f"{where}: column {cols.prompt!r} (task.prompt_column) is absent; the row has "
