@@ -216,3 +216,23 @@ def test_a_run_on_a_parquet_dataset_without_answers_scores_with_its_columns(tmp_
     assert step["reward_mean"] == pytest.approx(0.5 + step["reward/target"])
     report = json.loads((cfg.run_dir / "data_report.json").read_text())
     assert report["train_rows"] == 9 and report["heldout_rows"] == 3 and report["columns"] == ["target", "note"]
+
+
+def test_a_column_that_is_not_a_json_value_is_named_with_its_row(tmp_path):
+    import datetime
+
+    rows = [{"prompt": "1+1=", "answer": "2", "when": datetime.date(2026, 1, i + 1)} for i in range(3)]
+    with pytest.raises(PosttrainError, match=r"data.parquet, row 1: column 'when' holds a date"):
+        load_task(TaskConfig(name="dataset", path=str(_write(tmp_path, "parquet", rows)), heldout_size=1), seed=0)
+
+
+def test_the_data_fingerprint_counts_columns_and_keeps_the_old_hashes():
+    import hashlib
+
+    from posttrain.rollout.sampler import data_fingerprint
+    from posttrain.tasks import Problem
+
+    before_columns = hashlib.sha256(json.dumps([["a", "1+1=", "2"]]).encode()).hexdigest()[:16]
+    assert data_fingerprint([Problem("a", "1+1=", "2")]) == before_columns
+    assert data_fingerprint([Problem("a", "1+1=", "2", {"r": 1})]) != data_fingerprint([Problem("a", "1+1=", "2",
+                                                                                                {"r": 2})])
