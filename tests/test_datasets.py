@@ -236,3 +236,24 @@ def test_the_data_fingerprint_counts_columns_and_keeps_the_old_hashes():
     assert data_fingerprint([Problem("a", "1+1=", "2")]) == before_columns
     assert data_fingerprint([Problem("a", "1+1=", "2", {"r": 1})]) != data_fingerprint([Problem("a", "1+1=", "2",
                                                                                                 {"r": 2})])
+
+
+def test_dataset_keys_with_a_built_in_task_are_refused():
+    with pytest.raises(PosttrainError, match="task.system_prompt is set but task.name='addition' is a built-in task"):
+        load_config(None, ["task.system_prompt=hi"])
+    assert load_config(None, ["task.name=dataset", "task.path=x.csv", "task.system_prompt=hi"]).task.path == "x.csv"
+
+
+def test_sft_encodes_a_chat_prompt_like_the_policy_sees_it(tiny_model_dir):
+    from posttrain.models.loading import PromptEncoder, load_tokenizer
+    from posttrain.tasks import Problem
+    from posttrain.training.sft import encode_sft_example
+
+    tok = load_tokenizer(tiny_model_dir)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }},{% endfor %}{% if add_generation_prompt %}a:{% endif %}"
+    encoder = PromptEncoder(tok)
+    prompt = [{"role": "system", "content": "add"}, {"role": "user", "content": "1+1="}]
+    ids, mask = encode_sft_example(encoder, Problem("p", prompt, "2"))
+    assert ids == encoder.encode(prompt) + tok("2", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert encoder.encode(prompt) == tok("add,1+1=,a:", add_special_tokens=False)["input_ids"]
+    assert mask == [0] * (len(ids) - 2) + [1, 1]
