@@ -6,8 +6,9 @@ Two forms, told apart by the parameter names (the first two of the signature, or
 `columns` are the row's other fields: `answer`, `completion_ids` (token ids) and `sample_ids` (batch form; per
 sample: `sample_id`), and every other column of the dataset row (task.name: dataset), as a list per column in the
 batch form and a value per sample. They are passed by keyword, and only those the function takes unless it has
-**kwargs, so `def f(completions, **kwargs)` works as in TRL. `async def` functions are awaited: a per-sample one concurrently
-over the batch. None means "does not apply": the sample adds nothing from that source and is left out of its mean.
+**kwargs, so `def f(completions, **kwargs)` works as in TRL. `async def` functions are awaited: a per-sample one
+concurrently over the batch. None means "does not apply": the sample adds nothing from that source and is left out
+of its mean.
 
 Each function runs in its own child process of the reward worker (`verifier.ChildProcess`), all functions at once.
 Limits per call, `reward.timeout_seconds`: one call is a batch function's whole batch, a synchronous per-sample

@@ -182,7 +182,8 @@ class DatasetTask:
             source = f"task.heldout_path {cfg.heldout_path}"
         else:
             if cfg.heldout_fraction is not None:
-                size, source = max(1, round(cfg.heldout_fraction * len(rows))), f"task.heldout_fraction={cfg.heldout_fraction:g}"
+                size = max(1, round(cfg.heldout_fraction * len(rows)))
+                source = f"task.heldout_fraction={cfg.heldout_fraction:g}"
             else:
                 size, source = cfg.heldout_size, f"task.heldout_size={cfg.heldout_size}"
             if len(rows) <= size:

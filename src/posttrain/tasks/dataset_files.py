@@ -66,8 +66,8 @@ def csv_rows(p: Path) -> Rows:
                              if len(values) < len(header) else
                              f"{len(values) - len(header)} value(s) past the last column {header[-1]!r}")
                     raise PosttrainError(
-                        f"{p}, line {reader.line_num}: ragged row, {len(values)} value(s) for the {len(header)} columns "
-                        f"of the header: {which}",
+                        f"{p}, line {reader.line_num}: ragged row, {len(values)} value(s) for the {len(header)} "
+                        f"columns of the header: {which}",
                         hint="quote values that contain commas, and give every row one value per column",
                     )
                 yield f"line {reader.line_num}", dict(zip(header, values))
