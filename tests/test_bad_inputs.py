@@ -50,6 +50,41 @@ def _dataset(tmp: Path, lines: list[str]) -> str:
     return str(tmp / "data.jsonl")
 
 
+def _data_file(tmp: Path, name: str, text: str) -> str:
+    (tmp / name).write_text(text)
+    return str(tmp / name)
+
+
+def _chat_rows(bad: dict) -> list[str]:
+    """Two good chat-format rows, then one whose prompt holds the message `bad` (line 3)."""
+    good = {"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}
+    return [json.dumps(good), json.dumps(good),
+            json.dumps({"prompt": [{"role": "system", "content": "add"}, bad], "answer": "2"})]
+
+
+def _parquet(tmp: Path, rows: list[dict]) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp / "data.parquet")
+    return str(tmp / "data.parquet")
+
+
+def _corrupt_dataset_dir(tmp: Path) -> str:
+    """A save_to_disk directory whose state.json is not what this datasets version reads (here: cut short)."""
+    import datasets
+
+    datasets.Dataset.from_list([{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(8)]).save_to_disk(
+        str(tmp / "ds"))
+    state = tmp / "ds" / "state.json"
+    state.write_text(state.read_text()[:40])
+    return str(tmp / "ds")
+
+
+def _dataset_task(tmp: Path, model: str, path: str, *extra: str) -> list[str]:
+    return _good(tmp, model, "task.name=dataset", f"task.path={path}", "task.heldout_size=2", *extra)
+
+
 def _rows(n: int) -> list[str]:
     return [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(n)]
 
@@ -201,13 +236,39 @@ CASES = [
          lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, [])}"), "the dataset is empty"),
     Case("row-missing-field", "dataset row missing a field (row number)",
          lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, _rows(3) + [json.dumps({'prompt': 'x'})])}"),
-         "data.jsonl, line 4: missing or non-string field(s) answer"),
+         "data.jsonl, line 4: column 'answer' (task.answer_column) is absent"),
     Case("row-bad-json", "dataset row that is not JSON",
          lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, _rows(2) + ['{oops'])}"),
          "data.jsonl, line 3: not valid JSON"),
     Case("row-not-object", "dataset row that is not an object",
          lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, ['[1, 2]'])}"),
          "data.jsonl, line 1: each row must be a JSON object"),
+    Case("dataset-column-absent", "a dataset column named in the config that is absent (row and column)",
+         lambda t, m: _dataset_task(t, m, _parquet(t, [{"q": f"{i}+1=", "answer": str(i + 1)} for i in range(8)]),
+                                    "task.prompt_column=question"),
+         "data.parquet, row 1: column 'question' (task.prompt_column) is absent; the row has 'q', 'answer'"),
+    Case("chat-unknown-role", "a chat-format row with an unknown role",
+         lambda t, m: _dataset_task(t, m, _dataset(t, _chat_rows({"role": "robot", "content": "hi"}))),
+         "data.jsonl, line 3: column 'prompt', message 1: unknown role 'robot'"),
+    Case("chat-content-not-string", "a chat-format row whose content is not a string",
+         lambda t, m: _dataset_task(t, m, _dataset(t, _chat_rows({"role": "user", "content": ["1+1="]}))),
+         "data.jsonl, line 3: column 'prompt', message 1 (user): content must be a string, got list"),
+    Case("csv-ragged", "a .csv with a ragged row",
+         lambda t, m: _dataset_task(t, m, _data_file(t, "data.csv", "prompt,answer\n1+1=,2\n2+2=,4\n3+3=\n4+4=,8\n")),
+         "data.csv, line 4: ragged row, 1 value(s) for the 2 columns of the header: no value for column(s) 'answer'"),
+    Case("heldout-file-empty", "an empty held-out file",
+         lambda t, m: _dataset_task(t, m, _dataset(t, _rows(8)), f"task.heldout_path={_data_file(t, 'held.jsonl', '')}"),
+         "held.jsonl holds no rows"),
+    Case("dataset-dir-unreadable", "a save_to_disk directory that cannot be read (corrupt state.json)",
+         lambda t, m: _dataset_task(t, m, _corrupt_dataset_dir(t)),
+         "/ds: datasets.load_from_disk cannot read this directory (JSONDecodeError"),
+    Case("heldout-overlap-strict", "held-out prompts that occur in the training data, with task.strict_heldout",
+         lambda t, m: _dataset_task(t, m, _dataset(t, _rows(8)), "task.strict_heldout=true",
+                                    f"task.heldout_path={_data_file(t, 'held.jsonl', chr(10).join(_rows(3)))}"),
+         "task: 3 of 3 held-out prompts (task.heldout_path"),
+    Case("heldout-path-and-fraction", "both a held-out file and a held-out fraction",
+         lambda t, m: ["config", "show", "task.name=dataset", "task.heldout_path=h.jsonl", "task.heldout_fraction=0.1"],
+         "task.heldout_path and task.heldout_fraction are both set"),
     Case("heldout-too-big", "held-out split as large as the dataset",
          lambda t, m: _good(t, m, "task.name=jsonl", f"task.path={_dataset(t, _rows(5))}", "task.heldout_size=5"),
          "task.heldout_size=5 leaves no training rows"),
@@ -263,6 +324,17 @@ def test_bad_input_is_one_clear_message(case, tmp_path, tiny_model_dir, runner):
     assert case.expect in " ".join(text.split()), text
     assert "Traceback" not in text
     assert text.count("error:") == 1, text  # one message (a warning may precede it, e.g. a skipped checkpoint)
+
+
+DATASET_CASES = ["row-missing-field", "dataset-column-absent", "chat-unknown-role", "chat-content-not-string",
+                 "csv-ragged", "heldout-file-empty", "dataset-dir-unreadable", "heldout-overlap-strict"]
+
+
+@pytest.mark.parametrize("case_id", DATASET_CASES)
+def test_a_bad_dataset_is_refused_before_anything_is_written(case_id, tmp_path, tiny_model_dir, runner):
+    case = next(c for c in CASES if c.id == case_id)
+    result = runner.invoke(app, case.args(tmp_path, tiny_model_dir))
+    assert result.exit_code == 2 and not (tmp_path / "runs").exists(), result.output
 
 
 def test_every_case_has_its_own_id():

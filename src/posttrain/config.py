@@ -31,10 +31,38 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: str = Field("addition", description="Built-in task (addition, sorting) or 'jsonl' with `path`.")
-    path: str | None = Field(None, description="jsonl file of {prompt, answer} rows when name is 'jsonl'.")
+    name: str = Field(
+        "addition", description="Built-in task (addition, sorting), or 'dataset' (alias 'jsonl'): the user dataset at "
+        "`path`.",
+    )
+    path: str | None = Field(
+        None, description="The dataset when name is 'dataset'/'jsonl': a .parquet or .csv file, a directory written "
+        "by datasets' save_to_disk, or JSON lines (any other suffix). See docs/datasets.md.",
+    )
+    prompt_column: str = Field(
+        "prompt", description="Dataset column holding the prompt: a string or a chat-format list of {role, content} "
+        "messages (rendered with the tokenizer's chat template).",
+    )
+    answer_column: str = Field(
+        "answer", description="Dataset column holding the answer; needed only when the verifier is a reward source "
+        "(reward.weights.verifier) or for SFT. Every column besides prompt, answer and id goes to reward functions.",
+    )
+    system_prompt: str | None = Field(
+        None, description="Dataset: a system message put before every prompt (a row's own system message wins); "
+        "without a chat template it is joined to the prompt with a space.",
+    )
     train_size: int = Field(20000, gt=0, description="Number of training problems generated (built-in tasks).")
     heldout_size: int = Field(500, gt=0, description="Held-out problems, disjoint from every training problem.")
+    heldout_path: str | None = Field(
+        None, description="Dataset: a separate held-out file (same formats and columns); all of `path` then trains.",
+    )
+    heldout_fraction: float | None = Field(
+        None, gt=0, lt=1, description="Dataset: hold out this seeded share of `path`'s rows (instead of heldout_size).",
+    )
+    strict_heldout: bool = Field(
+        False, description="Dataset: refuse to start when a held-out prompt also occurs in the training data (exact "
+        "text after whitespace normalisation); false: warn. The count is in runs/<name>/data_report.json.",
+    )
     max_digits: int = Field(3, ge=1, le=8, description="Longest operand (addition); sorting lists are up to max_digits+2 long.")
     reward: Literal["exact", "digits", "python"] = Field(
         "exact",
@@ -42,6 +70,18 @@ class TaskConfig(_Section):
         "right, 1 only for the exact answer); python: the completion is a program run in the sandbox "
         "(rewards/sandbox.py), 1 when it prints the answer. Held-out accuracy counts reward 1 as solved.",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> "TaskConfig":
+        if self.heldout_path is not None and self.heldout_fraction is not None:
+            raise ValueError("task.heldout_path and task.heldout_fraction are both set; the held-out split comes "
+                             "from one of them: drop the other")
+        dataset_only = [k for k in ("path", "heldout_path", "heldout_fraction", "system_prompt")
+                        if getattr(self, k) is not None]
+        if dataset_only and self.name in ("addition", "sorting"):
+            raise ValueError(f"task.{dataset_only[0]} is set but task.name={self.name!r} is a built-in task; set "
+                             "task.name=dataset to train on your data, or drop the key")
+        return self
 
 
 class AlgorithmConfig(_Section):

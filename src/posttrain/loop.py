@@ -30,6 +30,8 @@ from posttrain.rollout.engine import SamplingSpec
 from posttrain.rollout.sampler import Cursor, PromptSampler, data_fingerprint, sample_seed
 from posttrain.rollout.samples import StepSamples
 from posttrain.tasks import Problem, load_task
+from posttrain.tasks.base import answer_needed
+from posttrain.tasks.dataset import record_report
 from posttrain.tracking import MetricsWriter, open_run_log
 from posttrain.training import checkpoint as ckpt
 from posttrain.training.trainer import TrainBatch
@@ -144,7 +146,8 @@ def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, 
 
     t = time.perf_counter()
     scored = score_batch(cfg, roles, out.items, [len(c) for c in out.completions], roles.judge,
-                         completion_ids=out.completions, sample_ids=out.sample_ids, step=step + 1)
+                         completion_ids=out.completions, sample_ids=out.sample_ids, step=step + 1,
+                         columns=[p.columns for p in problems for _ in range(n)])
     times["reward"] += time.perf_counter() - t
     out.rewards = scored.rewards
     out.function_errors = scored.function_errors or [{} for _ in range(len(out))]
@@ -395,14 +398,14 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         raise PosttrainError("algorithm.name=dpo trains offline from preference pairs, not in the RL loop",
                              hint="run `posttrain dpo cfg.yaml` (or `posttrain train` with the same config)")
     wall0 = time.perf_counter()
-    task = load_task(cfg.task, cfg.seed)
+    task = load_task(cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
     check_model_dir(cfg.model.path)
     if cfg.reward.weights.get("rm"):  # here, not first inside the reward-model actor
         from posttrain.rewards.rm_train import check_reward_model_dir
 
         for i, rm_dir in enumerate([cfg.reward.rm_path, *cfg.reward.rm_ensemble]):
             check_reward_model_dir(rm_dir, "reward.rm_path" if i == 0 else f"reward.rm_ensemble.{i - 1}")
-    functions = check_functions(cfg.reward.functions)  # user code: imported here, before any actor, to fail early
+    functions = check_functions(cfg.reward.functions, getattr(task, "columns", ()))  # user code: imported here, before any actor, to fail early
     tokenizer = load_tokenizer(cfg.model.path)
     check_vocab(cfg.model.path, tokenizer)  # here, not first inside a Ray actor
     encoder = PromptEncoder(tokenizer, cfg.model.chat_template)
@@ -427,6 +430,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         check_resume(state.reward_functions, functions, cfg.reward.strict_resume, resume_path, bar.log)
         bar.log(f"resuming from {resume_path} (step {state.step}, data cursor {vars(state.cursor)})")
     state.reward_functions = {n: vars(src) for n, src in functions.items()}
+    record_report(task, run_dir, bar.log)  # dataset tasks: runs/<name>/data_report.json, held-out overlap warning
     if resume_path is not None and state.step >= cfg.train.steps:
         bar.log(f"run {cfg.name} is already at step {state.step} of train.steps={cfg.train.steps}: nothing to train "
                 "(raise train.steps to continue it)")

@@ -105,7 +105,8 @@ class LoopAlarms:
                                                   rollout_resync(roles))]
         items = [(p.id, p.prompt, p.answer, encoder.decode_completion(o.token_ids)) for p, o in zip(problems, outs)]
         scored = score_batch(self.cfg, roles, items, [len(o.token_ids) for o in outs], roles.judge,
-                             completion_ids=[list(o.token_ids) for o in outs], step="heldout")
+                             completion_ids=[list(o.token_ids) for o in outs], step="heldout",
+                             columns=[p.columns for p in problems])
         gold = scored.components["gold"]
         return {"heldout/proxy": sum(scored.rewards) / len(items), "heldout/gold": sum(gold) / len(gold)}
 

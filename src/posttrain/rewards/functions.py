@@ -4,9 +4,11 @@ Two forms, told apart by the parameter names (the first two of the signature, or
     batch       fn(prompts, completions, **columns) -> list[float | None]   (TRL's reward_funcs form)
     per-sample  fn(prompt, completion, **columns) -> float | None
 `columns` are the row's other fields: `answer`, `completion_ids` (token ids) and `sample_ids` (batch form; per
-sample: `sample_id`). They are passed by keyword, and only those the function takes unless it has **kwargs, so
-`def f(completions, **kwargs)` works as in TRL. `async def` functions are awaited: a per-sample one concurrently
-over the batch. None means "does not apply": the sample adds nothing from that source and is left out of its mean.
+sample: `sample_id`), and every other column of the dataset row (task.name: dataset), as a list per column in the
+batch form and a value per sample. They are passed by keyword, and only those the function takes unless it has
+**kwargs, so `def f(completions, **kwargs)` works as in TRL. `async def` functions are awaited: a per-sample one
+concurrently over the batch. None means "does not apply": the sample adds nothing from that source and is left out
+of its mean.
 
 Each function runs in its own child process of the reward worker (`verifier.ChildProcess`), all functions at once.
 Limits per call, `reward.timeout_seconds`: one call is a batch function's whole batch, a synchronous per-sample
@@ -23,6 +25,7 @@ import numbers
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from posttrain.errors import PosttrainError
 from posttrain.usercode import load_callable
@@ -45,8 +48,9 @@ class Form:
         return args if self.takes is None else {k: v for k, v in args.items() if k in self.takes}
 
 
-def signature_form(fn, where: str) -> Form:
-    """The form of `fn` from its signature; PosttrainError (naming `where`) when it fits neither."""
+def signature_form(fn, where: str, columns: Iterable[str] | None = ()) -> Form:
+    """The form of `fn` from its signature; PosttrainError (naming `where`) when it fits neither. `columns`: the
+    dataset's own columns, which a required parameter may name too; None = any name (checked before)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -56,9 +60,10 @@ def signature_form(fn, where: str) -> Form:
     batch = "completions" in names and "completion" not in names
     sample = "completion" in names and "completions" not in names
     known = {"prompts", "completions", *BATCH_COLUMNS} if batch else {"prompt", "completion", *SAMPLE_COLUMNS}
+    known.update(columns or ())
     required = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     positional_only = [p.name for p in params if p.kind == p.POSITIONAL_ONLY]
-    unknown = [n for n in required if n not in known]
+    unknown = [n for n in required if n not in known] if columns is not None else []
     if not (batch or sample) or unknown or positional_only:
         why = (f"required parameter(s) {unknown} are not columns it can be given" if unknown and (batch or sample)
                else f"positional-only parameter(s) {positional_only}" if positional_only and (batch or sample)
@@ -66,7 +71,8 @@ def signature_form(fn, where: str) -> Form:
         raise PosttrainError(
             f"{where}: the signature fits neither reward-function form: {why}",
             hint="write fn(prompts, completions, **kwargs) -> list of float|None (one per completion) or "
-            "fn(prompt, completion, **kwargs) -> float|None; columns: answer, completion_ids, sample_ids/sample_id",
+            "fn(prompt, completion, **kwargs) -> float|None; columns: answer, completion_ids, sample_ids/sample_id"
+            + (f", and the dataset's {', '.join(columns)}" if columns else ""),
         )
     return Form(batch, inspect.iscoroutinefunction(fn), None if var_kw else frozenset(names))
 
@@ -80,19 +86,21 @@ class FunctionSource:
     form: str      # "batch" or "sample", with " async" when it is a coroutine function
 
 
-def check_function(name: str, spec: str, field: str) -> FunctionSource:
+def check_function(name: str, spec: str, field: str, columns: Iterable[str] = ()) -> FunctionSource:
     """Loads the function `spec` names and reads its form; PosttrainError naming `field`, the file and the symbol
-    when it cannot be used."""
+    when it cannot be used. `columns`: the dataset's columns it may take besides the fixed ones."""
     sym, fn = load_callable(spec, field)
-    form = signature_form(fn, f"{field}: {sym.file}:{sym.name}")
+    form = signature_form(fn, f"{field}: {sym.file}:{sym.name}", columns)
     return FunctionSource(name, spec, str(sym.file), sym.sha256(),
                           ("batch" if form.batch else "sample") + (" async" if form.is_async else ""))
 
 
-def check_functions(functions) -> dict[str, FunctionSource]:
-    """At start, before any actor: every `reward.functions` entry checked (`check_function`), the first that cannot
-    be used raising. Returns name -> its source (sha256 included)."""
-    return {f.name: check_function(f.name, f.fn, f"reward.functions.{i}.fn") for i, f in enumerate(functions)}
+def check_functions(functions, columns: Iterable[str] = ()) -> dict[str, FunctionSource]:
+    """At start, before any actor: every `reward.functions` entry checked (`check_function`) against the fixed
+    columns and the dataset's `columns`, the first that cannot be used raising. Returns name -> its source (sha256
+    included)."""
+    return {f.name: check_function(f.name, f.fn, f"reward.functions.{i}.fn", columns)
+            for i, f in enumerate(functions)}
 
 
 def changed_sources(saved: dict, now: dict[str, FunctionSource]) -> list[str]:
@@ -153,11 +161,13 @@ def _failed(kind_why: str, n: int) -> list[tuple[None, str]]:
 
 
 def _call_rows(fn, form: Form, name: str, step, rows: list[dict], timeout_s: float) -> list[tuple]:
-    """Runs `fn` on `rows` (dicts of prompt, completion, answer, completion_ids, sample_id) as its form wants;
-    (score or None, error or None) per row."""
+    """Runs `fn` on `rows` (dicts of prompt, completion, answer, completion_ids, sample_id, and columns: the dataset
+    row's other columns) as its form wants; (score or None, error or None) per row."""
     ids = [r["sample_id"] for r in rows]
+    names = list(dict.fromkeys(k for r in rows for k in r.get("columns") or {}))
     if form.batch:
-        args = {"prompts": [r["prompt"] for r in rows], "completions": [r["completion"] for r in rows],
+        args = {**{k: [(r.get("columns") or {}).get(k) for r in rows] for k in names},
+                "prompts": [r["prompt"] for r in rows], "completions": [r["completion"] for r in rows],
                 "answer": [r["answer"] for r in rows], "completion_ids": [r["completion_ids"] for r in rows],
                 "sample_ids": ids}
         call = functools.partial(fn, **form.keywords(args))
@@ -179,7 +189,8 @@ def _call_rows(fn, form: Form, name: str, step, rows: list[dict], timeout_s: flo
         return [check_value(v, name, step, sid) for v, sid in zip(values, ids)]
 
     def sample_args(r):
-        return form.keywords({"prompt": r["prompt"], "completion": r["completion"], "answer": r["answer"],
+        return form.keywords({**{k: (r.get("columns") or {}).get(k) for k in names},
+                              "prompt": r["prompt"], "completion": r["completion"], "answer": r["answer"],
                               "completion_ids": r["completion_ids"], "sample_id": r["sample_id"]})
 
     def raised(e, sid):
@@ -215,7 +226,7 @@ def _function_handler(name: str, spec: str, field: str):
     check) answers every request with import failures instead of leaving the child dead."""
     try:
         _, fn = load_callable(spec, field)
-        form = signature_form(fn, field)
+        form = signature_form(fn, field, columns=None)  # the dataset's columns were checked at start
     except PosttrainError as e:
         why = str(e).splitlines()[0]
         return lambda request: "batch" if request == "form" else _failed(

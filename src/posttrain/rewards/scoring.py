@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from posttrain.rewards.compose import compose, ensemble_mean, ensemble_spread, format_component, length_component
 from posttrain.rewards.gold import gold_function
+from posttrain.tasks.base import prompt_text
 
 
 @dataclass
@@ -26,9 +27,10 @@ class ScoredBatch:
 
 def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_tokens: list[int],
                 judge=None, *, completion_ids: list[list[int]] | None = None, sample_ids: list[str] | None = None,
-                step: int | str = "?") -> ScoredBatch:
+                step: int | str = "?", columns: list[dict] | None = None) -> ScoredBatch:
     """items: (problem_id, prompt, answer, completion_text) per sample; completion_tokens: their lengths.
-    completion_ids, sample_ids and step are what reward functions (reward.functions) are given and name in errors."""
+    completion_ids, sample_ids, the dataset row's other columns (one dict per sample) and step are what reward
+    functions (reward.functions) are given and name in errors."""
     import ray
 
     w = dict(cfg.reward.weights)
@@ -38,7 +40,8 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
         w.update({f.name: f.weight for f in cfg.reward.functions})
         ids = sample_ids or [f"{step}/{it[0]}/{i}" for i, it in enumerate(items)]
         rows = [{"prompt": it[1], "completion": it[3], "answer": it[2], "sample_id": sid,
-                 "completion_ids": completion_ids[i] if completion_ids is not None else None}
+                 "completion_ids": completion_ids[i] if completion_ids is not None else None,
+                 "columns": columns[i] if columns is not None else {}}
                 for i, (it, sid) in enumerate(zip(items, ids))]
         refs["functions"] = roles.reward.score_functions.remote(rows, step)
     if w.get("rm"):
@@ -46,7 +49,7 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
     components: dict[str, list[float]] = {}
     errors: list[str | None] = [None] * len(items)
     if w.get("judge"):  # HTTP from the driver while the actors score
-        judged = judge.results([(it[1], it[3]) for it in items])
+        judged = judge.results([(prompt_text(it[1]), it[3]) for it in items])
         components["judge"] = [r.reward for r in judged]
         errors = [None if r.error is None else f"judge: {r.error}" for r in judged]
     got = dict(zip(refs, ray.get(list(refs.values()))))

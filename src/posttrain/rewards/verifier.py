@@ -161,11 +161,12 @@ class RewardWorker:
     def __init__(self, cfg_dict: dict):
         from posttrain.config import RunConfig
         from posttrain.tasks import load_task
+        from posttrain.tasks.base import answer_needed
 
         cfg = RunConfig.model_validate(cfg_dict)
         self.default = cfg.reward.default
-        self.scorer = IsolatedScorer(functools.partial(load_task, cfg.task, cfg.seed), cfg.reward.timeout_seconds,
-                                     self.default)
+        make_task = functools.partial(load_task, cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
+        self.scorer = IsolatedScorer(make_task, cfg.reward.timeout_seconds, self.default)
         self.functions = None
         if cfg.reward.functions:  # user code: a child process per function (rewards/functions.py)
             from posttrain.rewards.functions import FunctionScorers
@@ -181,7 +182,7 @@ class RewardWorker:
         return out
 
     def score_functions(self, rows: list[dict], step) -> dict[str, tuple[list, list]]:
-        """The user's reward functions on rows (prompt, completion, answer, completion_ids, sample_id):
+        """The user's reward functions on rows (prompt, completion, answer, completion_ids, sample_id, columns):
         name -> (score per row, error per row); see FunctionScorers.score."""
         return self.functions.score(rows, step)
 

@@ -75,11 +75,12 @@ def prompt_seeds(base_seed: int, count: int) -> list[int]:
 
 
 def data_fingerprint(problems: list[Problem]) -> str:
-    """Hash of the training split (ids, prompts, answers, in order). The cursor (epoch, offset) only means the same
-    prompts over the same data: a resume checks this against the checkpoint's, so a changed dataset file is an
-    error instead of silently skipped or repeated samples."""
+    """Hash of the training split (ids, prompts, answers and a dataset's other columns, in order). The cursor
+    (epoch, offset) only means the same prompts over the same data: a resume checks this against the checkpoint's,
+    so a changed dataset file is an error instead of silently skipped or repeated samples. Rows without other
+    columns hash as they did before columns existed, so older checkpoints still resume."""
     import hashlib
     import json
 
-    rows = [[p.id, p.prompt, p.answer] for p in problems]
+    rows = [[p.id, p.prompt, p.answer, *([p.columns] if p.columns else [])] for p in problems]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]

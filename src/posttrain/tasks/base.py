@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from posttrain.config import TaskConfig
@@ -12,8 +12,16 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Problem:
     id: str       # stable across runs with the same seed: the prompt_id of every sample drawn from it
-    prompt: str
-    answer: str
+    prompt: str | list[dict]   # text, or chat-format [{role, content}] turns (PromptEncoder renders both)
+    answer: str | None         # None: a dataset row without an answer (no verifier compares with it)
+    # A dataset row's other columns (name -> JSON value), given to reward functions as keyword arguments.
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+def prompt_text(prompt: str | list[dict]) -> str:
+    """A prompt as plain text for what reads text (the LLM judge, the held-out overlap count): chat turns as
+    "role: content" lines."""
+    return prompt if isinstance(prompt, str) else "\n".join(f"{t['role']}: {t['content']}" for t in prompt)
 
 
 class Task(Protocol):
@@ -51,10 +59,14 @@ def verifier_for(kind: str):
     return {"exact": exact_match, "digits": digit_credit}[kind]
 
 
-def load_task(cfg: "TaskConfig", seed: int) -> Task:
-    """The task named in the config, with splits drawn from `seed`."""
+DATASET_NAMES = ("dataset", "jsonl")  # a user dataset; "jsonl" is its first name, kept as an alias
+
+
+def load_task(cfg: "TaskConfig", seed: int, need_answer: bool = True) -> Task:
+    """The task named in the config, with splits drawn from `seed`. need_answer=False: dataset rows may lack the
+    answer column (nothing compares with it, see `answer_needed`)."""
     from posttrain.tasks.addition import AdditionTask
-    from posttrain.tasks.jsonl import JsonlTask
+    from posttrain.tasks.dataset import DatasetTask
     from posttrain.tasks.sorting import SortingTask
     from posttrain.errors import PosttrainError
 
@@ -65,11 +77,18 @@ def load_task(cfg: "TaskConfig", seed: int) -> Task:
                                       reward=cfg.reward)
         except ValueError as e:  # the problem space is smaller than the splits asked for
             raise PosttrainError(f"task {cfg.name}: {e}") from None
-    if cfg.name == "jsonl":
+    if cfg.name in DATASET_NAMES:
         if not cfg.path:
-            raise PosttrainError("task.name is 'jsonl' but task.path is not set", hint="set task.path to a .jsonl file")
-        return JsonlTask(cfg.path, cfg.heldout_size, seed=seed, reward=cfg.reward)
+            raise PosttrainError(f"task.name is {cfg.name!r} but task.path is not set",
+                                 hint="set task.path to a .jsonl, .parquet or .csv file or a save_to_disk directory")
+        return DatasetTask(cfg, seed, need_answer=need_answer)
     raise PosttrainError(
         f"task.name: unknown task {cfg.name!r}",
-        hint=f"use one of {sorted(builtins) + ['jsonl']}",
+        hint=f"use one of {sorted(builtins) + list(DATASET_NAMES)}",
     )
+
+
+def answer_needed(reward_weights: dict[str, float]) -> bool:
+    """Whether an RL run compares completions with the dataset's answers: when the verifier is a weighted reward
+    source (its score is still computed, and logged as accuracy, as 0 for rows without an answer)."""
+    return bool(reward_weights.get("verifier"))
