@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -119,13 +120,31 @@ def model_tiny(
     arch: str = typer.Option("qwen2", help="qwen2 | llama"),
     tied: bool = typer.Option(False, "--tied", help="Tie input and output embeddings."),
     seed: int = typer.Option(0),
+    bpe: int = typer.Option(0, "--bpe", help="Train a byte-level BPE tokenizer of this many tokens with a ChatML "
+                            "chat template (0 = the character tokenizer)."),
+    texts: Optional[str] = typer.Option(None, "--texts", help="With --bpe: a .jsonl whose string values (chat "
+                                        "contents included) join the tokenizer's training text."),
+    max_len: int = typer.Option(128, "--max-len", help="Longest sequence (max_position_embeddings)."),
 ):
-    """Write a randomly initialised tiny causal LM with a local character tokenizer."""
+    """Write a randomly initialised tiny causal LM with a local tokenizer (characters, or BPE with --bpe)."""
     from posttrain.models.tiny import TINY_SIZES, build_tiny_model
 
     if size not in TINY_SIZES:
         raise PosttrainError(f"--size: unknown size {size!r}", hint=f"use one of {', '.join(TINY_SIZES)}")
-    console.print(f"wrote {build_tiny_model(out, size, arch=arch, tie_word_embeddings=tied, seed=seed)}")
+    tokenizer = None
+    if bpe:
+        from posttrain.models.bpe import texts_of_jsonl, train_bpe_tokenizer
+
+        if bpe < 300:
+            raise PosttrainError(f"--bpe {bpe}: too small", hint="use at least 300 tokens (256 bytes + specials)")
+        extra = texts_of_jsonl(texts) if texts else []
+        tokenizer = train_bpe_tokenizer(Path(out) / "tokenizer", bpe, extra_texts=extra * 5, seed=seed,
+                                        lexicon_size=min(bpe, 2000), sentences=2000)
+    elif texts:
+        raise PosttrainError("--texts needs --bpe", hint="add --bpe N (e.g. --bpe 2000)")
+    model = build_tiny_model(out, size, arch=arch, tie_word_embeddings=tied, seed=seed, tokenizer=tokenizer,
+                             max_position_embeddings=max_len)
+    console.print(f"wrote {model}")
 
 
 def _register_view() -> None:

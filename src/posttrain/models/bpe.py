@@ -86,3 +86,34 @@ def train_bpe_tokenizer(
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(out))
     return tok
+
+
+def texts_of_jsonl(path: str | Path) -> list[str]:
+    """Every string value of every row of a .jsonl file (nested ones too: chat message contents), for the
+    tokenizer's training text; a line that is not JSON is an error naming it."""
+    import json
+
+    from posttrain.errors import PosttrainError
+
+    p = Path(path)
+    if not p.is_file():
+        raise PosttrainError(f"--texts: {p} does not exist", hint="point it at a .jsonl file")
+    out: list[str] = []
+
+    def walk(value) -> None:
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                walk(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise PosttrainError(f"{p}, line {lineno}: not valid JSON ({e.msg})") from None
+    return out
