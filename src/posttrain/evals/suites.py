@@ -261,10 +261,21 @@ def builtin_suite_files() -> list[Path]:
     return sorted(BUILTIN_DIR.glob("*.yaml"))
 
 
-def load_suites(refs: list[str]) -> list[Suite]:
-    """Suites from files (all suites in each), built-in file stems (e.g. 'addition'), or built-in suite names."""
+def load_suites(refs: list[str], run_dir: str | Path | None = None, *, allow_changed: bool = False,
+                warn=print) -> list[Suite]:
+    """Suites from files (all suites in each), built-in file stems (e.g. 'addition'), built-in suite names, or
+    `run_reward`: the held-out split of the run in `run_dir` scored by its own reward (evals/run_suite.py)."""
+    from posttrain.evals.run_suite import RUN_REWARD, run_suite
+
     out: list[Suite] = []
     for ref in refs:
+        if ref == RUN_REWARD:
+            if run_dir is None:
+                raise PosttrainError(f"--suite {RUN_REWARD}: this suite is built from a run's config and needs the run",
+                                     hint="use `posttrain eval --from-run runs/<name>` (in eval.suites the run is "
+                                     "the one being trained)")
+            out.append(run_suite(run_dir, allow_changed=allow_changed, warn=warn))
+            continue
         if Path(ref).is_file():
             out.extend(read_suite_file(ref))
             continue
