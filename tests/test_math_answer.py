@@ -39,7 +39,7 @@ def test_an_unparseable_row_answer_is_a_clear_error():
 
 
 def test_off_the_main_thread_it_works_without_signal_timeouts():
-    """math-verify's signal.alarm raises ValueError outside the main thread; math_answer turns its timeouts off there."""
+    """math-verify's signal.alarm raises ValueError off the main thread; math_answer turns its timeouts off there."""
     def call(case):
         assert threading.current_thread() is not threading.main_thread()
         return math_answer("q", case[0], case[1])

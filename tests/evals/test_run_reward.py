@@ -91,7 +91,8 @@ def test_eval_from_run_scores_the_heldout_split_with_the_runs_reward(tmp_path, t
     copy = tmp_path / "copy"
     shutil.copytree(tiny_model_dir, copy)
     cmp = runner.invoke(app, ["compare", tiny_model_dir, str(copy), "--from-run", str(run), "--out",
-                              str(tmp_path / "cmp"), "--engine", "hf", "--cache-dir", str(tmp_path / "cache"), "--quiet"])
+                              str(tmp_path / "cmp"), "--engine", "hf", "--cache-dir", str(tmp_path / "cache"),
+                              "--quiet"])
     assert cmp.exit_code == 0 and "run_reward" in cmp.output, cmp.output
 
 

@@ -123,8 +123,8 @@ class FunctionScorer:
                 raise PosttrainError(f"function scorer {self.fn}: {error}")
             if value is None:
                 raise PosttrainError(f"function scorer {self.fn}: returned None (does not apply) for sample "
-                                     f"{row['sample_id']}",
-                                     hint="an eval suite scores every sample: keep only samples the function applies to")
+                                     f"{row['sample_id']}", hint="an eval suite scores every sample: keep only "
+                                     "samples the function applies to")
         return values, None
 
     def __call__(self, prompt: str, output: str, record: dict) -> float:

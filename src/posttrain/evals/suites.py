@@ -221,8 +221,8 @@ def resolve_suite(spec: GenerationSuite | RegressionSuite | PreferenceSuite, fil
                      _digest([samples, patterns, spec.sampling.model_dump()]), str(file), explain)
     samples = _check_samples([p.model_dump() for p in spec.pairs], where)
     scorer = build_scorer(spec.scorer, where=where)
-    return Suite(spec.name, "preference", samples, scorer, None, _digest([samples, spec.scorer, *_scorer_sources(scorer)]),
-                 str(file))
+    return Suite(spec.name, "preference", samples, scorer, None,
+                 _digest([samples, spec.scorer, *_scorer_sources(scorer)]), str(file))
 
 
 def _field(err: dict) -> str:
