@@ -133,3 +133,31 @@ def test_read_run_refuses_a_changed_function_unless_allowed(tmp_path):
 def test_run_reward_needs_a_run(tmp_path, tiny_model_dir, runner, args, expect):
     result = runner.invoke(app, ["eval", "--model", tiny_model_dir, "--out", str(tmp_path / "o"), *args])
     assert result.exit_code == 2 and expect in " ".join(result.output.split()), result.output
+
+
+@pytest.mark.integration
+def test_a_run_with_eval_suites_run_reward_gates_on_its_own_reward(tmp_path, tiny_model_dir):
+    """The real loop: Ray, the evaluator actor resolving run_reward against the run being trained (its config.yaml
+    and functions), eval/run_reward/<source>/mean in metrics.jsonl and best.json pointing at the final checkpoint."""
+    import time
+
+    from posttrain.loop import train
+    from posttrain.tracking import read_metrics
+    from posttrain.training import checkpoint as ckpt
+
+    fn = tmp_path / "fns.py"
+    fn.write_text(MODULE)
+    cfg = load_config(None, [
+        "name=gated", f"runs_dir={tmp_path}", f"model.path={tiny_model_dir}", "rollout.engine=hf",
+        "task.train_size=64", "task.heldout_size=4", "algorithm.prompts_per_step=2", "algorithm.group_size=4",
+        "algorithm.kl_coef=0", "eval.every=0", "train.steps=2", "checkpoint.every=0", "logging.progress=false",
+        f"reward.functions=[{{name: always_one, fn: '{fn}:always_one', weight: 2}}]", "eval.suites=[run_reward]",
+    ])
+    t = time.perf_counter()
+    train(cfg, progress=False)
+    print(f"2-step run with eval.suites=[run_reward]: {time.perf_counter() - t:.1f} s")
+    (m,) = [m for m in read_metrics(cfg.run_dir) if "eval/score" in m]
+    # reward = verifier (0 or 1 per held-out problem) + 2 * always_one (1.0 on every one of the 4)
+    assert m["eval/run_reward/always_one/mean"] == 1.0 and m["eval/run_reward/verifier/mean"] in (0, .25, .5, .75, 1)
+    assert m["eval/score"] == m["eval/run_reward/mean"] == pytest.approx(2.0 + m["eval/run_reward/verifier/mean"])
+    assert ckpt.read_best_pointer(cfg.run_dir)["step"] == 2 == m["step"]
