@@ -106,7 +106,7 @@ def preference_records(suite: Suite) -> list[dict]:
         k = len(pair["rejected"]) if isinstance(pair["rejected"], list) else 1
         chosen, rejected_scores = scores[at], scores[at + 1:at + 1 + k]
         at += 1 + k
-        score = (pairwise_score(chosen, rejected_scores[0]) if not isinstance(pair["rejected"], list)
+        score = (pairwise_score(chosen, rejected_scores[0]) if k == 1
                  else best_of_k_score(chosen, rejected_scores))
         records.append({"id": pair["id"], "prompt": pair["prompt"], "output": pair["chosen"], "score": score,
                         "tokens": 0, "chosen_score": chosen, "rejected_scores": rejected_scores})
