@@ -122,6 +122,22 @@ def _reward_fn(tmp: Path, model: str, code: str | None, symbol: str = "score") -
     return _good(tmp, model, f"reward.functions=[{{name: mine, fn: '{tmp / 'rewards.py'}:{symbol}'}}]")
 
 
+def _eval_from_run(tmp: Path, model: str, change: Callable[[Path], None]) -> list[str]:
+    """`eval --from-run` on a run directory as `train` leaves it (config.yaml, then the function's sha256), after
+    `change` was done to the reward function's file."""
+    from posttrain.config import dump_config, load_config
+    from posttrain.rewards.functions import check_functions, record_sources
+
+    (tmp / "rewards.py").write_text("def score(prompt, completion):\n    return 1.0\n")
+    cfg = load_config(None, ["name=r", f"runs_dir={tmp / 'runs'}",
+                             f"reward.functions=[{{name: mine, fn: '{tmp / 'rewards.py'}:score'}}]"])
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
+    record_sources(cfg.run_dir / "config.yaml", check_functions(cfg.reward.functions))
+    change(tmp / "rewards.py")
+    return ["eval", "--model", model, "--from-run", str(cfg.run_dir), "--out", str(tmp / "out")]
+
+
 def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: bool = False,
                 extra: tuple[str, ...] = (), data: str | None = None) -> list[str]:
     """A run dir holding one checkpoint whose state.json carries `fingerprint` (default: the config's own) and the
@@ -307,6 +323,15 @@ CASES = [
          lambda t, m: [*_checkpoint_then_edit_data(t, m), "--resume"], "--resume: the training data of task.path"),
     Case("tiny-size", "unknown tiny model size", lambda t, m: ["model", "tiny", str(t / "m"), "--size", "7b"],
          "--size: unknown size '7b'"),
+    Case("from-run-not-a-run", "`eval --from-run` on a directory that is not a run",
+         lambda t, m: ["eval", "--model", m, "--from-run", str(t), "--out", str(t / "out")],
+         "not a run directory (no config.yaml in it)"),
+    Case("from-run-fn-gone", "`eval --from-run` when the run's reward function file is gone",
+         lambda t, m: _eval_from_run(t, m, Path.unlink),
+         "the run's reward function 'mine' cannot be loaded (the run recorded sha256"),
+    Case("from-run-fn-changed", "`eval --from-run` when the run's reward function file changed since the run",
+         lambda t, m: _eval_from_run(t, m, lambda f: f.write_text(f.read_text() + "# edited\n")),
+         "rewards.py) changed since the run: sha256"),
 ]
 
 

@@ -289,12 +289,15 @@ def test_a_run_logs_each_function_and_counts_the_planted_failures(tmp_path, tiny
 def test_a_function_scores_the_same_as_reward_and_as_eval_scorer(module, name):
     """One definition of quality: the training path (FunctionScorers in the reward worker) and the eval scorer
     `{type: function, fn: ...}` give identical numbers on identical text."""
-    from posttrain.evals.scorers import build_scorer
+    from posttrain.evals.scorers import build_scorer, score_outputs
 
     as_reward, _ = _score(module, name)[name]
     scorer = build_scorer({"type": "function", "fn": f"{module}:{name}"}, where="suite.yaml, suite s")
     as_scorer = [scorer(r["prompt"], r["completion"], {"answer": r["answer"], "id": r["sample_id"]}) for r in ROWS]
     assert as_scorer == as_reward, (as_scorer, as_reward)
+    rows = [{"prompt": r["prompt"], "output": r["completion"], "record": {"answer": r["answer"], "id": r["sample_id"]},
+             "tokens": 0} for r in ROWS]
+    assert score_outputs(scorer, rows)[0] == as_reward  # a suite's outputs in one batch: the same numbers
 
 
 def test_an_eval_scorer_failure_or_none_names_the_function_and_the_sample(module):

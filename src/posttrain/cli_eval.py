@@ -1,6 +1,7 @@
 """`posttrain eval` and `posttrain compare`: suites on a model, and a paired regression gate between two.
 
     posttrain eval --model runs/x/final --suite addition --out evals/x
+    posttrain eval --model runs/x/final --from-run runs/x --out evals/x-reward  # the run's held-out split + reward
     posttrain compare runs/base runs/x/final --suite addition --margin 0.02 --out evals/x-vs-base  # exit 1 = regressed
 """
 
@@ -43,12 +44,30 @@ def _suite_progress(description: str, total: int, quiet: bool):
     return bar, lambda done, r: bar.update(done, suite=r.suite, mean=float(r.summary["mean"]))
 
 
-def run_eval(model: str, suites: list[str], out: Path, evaluator, quiet: bool = True) -> dict:
-    from posttrain.evals.report import eval_report
-    from posttrain.evals.runner import evaluate
+def _load_suites(suites: list[str], from_run: str | None, allow_changed: bool):
+    """--suite refs plus, with --from-run, the run's own `run_reward` suite (evals/run_suite.py)."""
+    from posttrain.errors import PosttrainError
+    from posttrain.evals.run_suite import RUN_REWARD
     from posttrain.evals.suites import load_suites
 
-    loaded = load_suites(suites)
+    refs = list(suites) + ([RUN_REWARD] if from_run and RUN_REWARD not in suites else [])
+    if not refs:
+        raise PosttrainError("give --suite (a suite file or built-in name) or --from-run runs/<name>")
+    return load_suites(refs, from_run, allow_changed=allow_changed, warn=lambda text: typer.echo(text, err=True))
+
+
+def _summary_line(name: str, s: dict, note: str = "") -> str:
+    """'name  0.750 +- 0.097  95% CI [0.560, 0.940]  (n=20)': a suite's (or a reward source's) mean, SE and CI."""
+    return (f"{name:<24} {s['mean']:.3f} +- {s['se']:.3f}  95% CI [{s['ci_low']:.3f}, {s['ci_high']:.3f}]  "
+            f"(n={s['n']}{note})")
+
+
+def run_eval(model: str, suites: list[str], out: Path, evaluator, quiet: bool = True, *, from_run: str | None = None,
+             allow_changed: bool = False) -> dict:
+    from posttrain.evals.report import eval_report
+    from posttrain.evals.runner import evaluate
+
+    loaded = _load_suites(suites, from_run, allow_changed)
     start = time.perf_counter()
     bar, on_suite = _suite_progress("eval", len(loaded), quiet)
     try:
@@ -62,11 +81,18 @@ def run_eval(model: str, suites: list[str], out: Path, evaluator, quiet: bool = 
     return doc
 
 
+FROM_RUN_HELP = ("A run directory (runs/<name>): adds the suite run_reward, the run's held-out split scored by "
+                 "the run's own reward (its reward functions and weights, composed as in training).")
+ALLOW_CHANGED_HELP = "With --from-run: score with a reward function whose file changed since the run (a warning)."
+
+
 def eval_cmd(
     model: str = typer.Option(..., "--model", help="HF model directory (a checkpoint)."),
-    suite: list[str] = typer.Option(..., "--suite", help="Suite file, built-in suite file (addition, sorting) "
+    suite: list[str] = typer.Option([], "--suite", help="Suite file, built-in suite file (addition, sorting) "
                                     "or built-in suite name; repeat for several."),
     out: str = typer.Option(..., "--out", help="Directory for results.json and report.html."),
+    from_run: Optional[str] = typer.Option(None, "--from-run", help=FROM_RUN_HELP),
+    allow_changed_reward: bool = typer.Option(False, "--allow-changed-reward", help=ALLOW_CHANGED_HELP),
     engine: str = typer.Option("vllm", "--engine", help="vllm, or hf (transformers) as a fallback."),
     dtype: str = typer.Option("float32", "--dtype"),
     max_model_len: int = typer.Option(128, "--max-model-len", help="Longest prompt + completion (tokens)."),
@@ -78,25 +104,27 @@ def eval_cmd(
     from rich.console import Console
 
     doc = run_eval(model, suite, Path(out), _evaluator(engine, dtype, max_model_len, cache_dir, no_cache),
-                   quiet=quiet)
+                   quiet=quiet, from_run=from_run, allow_changed=allow_changed_reward)
     console = Console()
     for r in doc["suites"]:
         s = r["summary"]
-        console.print(f"{r['suite']:<24} {s['mean']:.3f} +- {s['se']:.3f}  (n={s['n']}"
-                      f"{', cached' if r['cached'] else ''})", highlight=False)
+        console.print(_summary_line(r["suite"], s, ", cached" if r["cached"] else ""), highlight=False)
+        for name, c in s.get("components", {}).items():  # run_reward: each source of the run's reward
+            failed = s["failures"].get(name, 0)
+            console.print(_summary_line(f"  {name}", c, f", {failed} failed" if failed else ""), highlight=False)
     if doc["throughput_samples_per_s"]:
         console.print(f"throughput: {doc['throughput_samples_per_s']:.1f} samples/s", highlight=False)
     console.print(f"wrote {Path(out) / 'results.json'} and {Path(out) / 'report.html'}", highlight=False)
 
 
 def run_compare(model_a: str, model_b: str, suites: list[str], out: Path, evaluator, *, margin: float,
-                alpha: float, seed: int, quiet: bool = True) -> tuple[list, str]:
+                alpha: float, seed: int, quiet: bool = True, from_run: str | None = None,
+                allow_changed: bool = False) -> tuple[list, str]:
     from posttrain.evals.compare import biggest_changes, compare_suites, markdown_summary, rows_to_json
     from posttrain.evals.report import compare_report
     from posttrain.evals.runner import evaluate
-    from posttrain.evals.suites import load_suites
 
-    loaded = load_suites(suites)
+    loaded = _load_suites(suites, from_run, allow_changed)
     start = time.perf_counter()
     bar, on_suite = _suite_progress("compare", 2 * len(loaded), quiet)
     try:
@@ -125,8 +153,10 @@ def run_compare(model_a: str, model_b: str, suites: list[str], out: Path, evalua
 def compare_cmd(
     model_a: str = typer.Argument(..., help="Baseline model directory (A)."),
     model_b: str = typer.Argument(..., help="Candidate model directory (B)."),
-    suite: list[str] = typer.Option(..., "--suite", help="Suite file or built-in name; repeat for several."),
+    suite: list[str] = typer.Option([], "--suite", help="Suite file or built-in name; repeat for several."),
     out: str = typer.Option(..., "--out", help="Directory for comparison.json, summary.md and report.html."),
+    from_run: Optional[str] = typer.Option(None, "--from-run", help=FROM_RUN_HELP),
+    allow_changed_reward: bool = typer.Option(False, "--allow-changed-reward", help=ALLOW_CHANGED_HELP),
     margin: float = typer.Option(0.0, "--margin", help="Tolerated drop of a suite's mean score (score units)."),
     alpha: float = typer.Option(0.05, "--alpha", help="Significance level after Holm correction across suites."),
     seed: int = typer.Option(0, "--seed", help="Seed of the paired bootstrap."),
@@ -142,7 +172,8 @@ def compare_cmd(
 
     rows, md = run_compare(model_a, model_b, suite, Path(out),
                            _evaluator(engine, dtype, max_model_len, cache_dir, no_cache),
-                           margin=margin, alpha=alpha, seed=seed, quiet=quiet)
+                           margin=margin, alpha=alpha, seed=seed, quiet=quiet, from_run=from_run,
+                           allow_changed=allow_changed_reward)
     typer.echo(md)
     if any_regression(rows):
         raise typer.Exit(1)

@@ -281,7 +281,8 @@ class RewardConfig(_Section):
         description="Reward functions from user code, each {name, fn, weight}: batch fn(prompts, completions, **columns) "
         "-> list[float|None] (TRL's form) or per-sample fn(prompt, completion, **columns) -> float|None, async or not; "
         "None = does not apply (left out of the mean). Each adds weight * score, runs in a child process of the "
-        "reward worker under timeout_seconds, and is logged as reward/<name>. See docs/rewards.md.",
+        "reward worker under timeout_seconds, and is logged as reward/<name>. Built-in: fn: math_answer (final "
+        "answers of math word problems, math-verify). See docs/rewards.md.",
     )
     strict_resume: bool = Field(
         False, description="--resume refuses (instead of warning) when a reward function's source file changed since "
@@ -328,7 +329,8 @@ class EvalConfig(_Section):
         default_factory=list,
         description="In-loop eval: suites (files or built-in names, as `posttrain eval --suite`) run on every saved "
         "checkpoint by an evaluator actor, without blocking training; each result is gated against the previous and "
-        "the best checkpoint and runs/<name>/best.json follows the best. Empty = off.",
+        "the best checkpoint and runs/<name>/best.json follows the best. `run_reward` = this run's held-out split "
+        "scored by its own reward (as `posttrain eval --from-run`). Empty = off.",
     )
     gate_margin: float = Field(0.0, ge=0, description="In-loop gate: tolerated drop of a suite's mean score.")
     gate_alpha: float = Field(0.05, gt=0, lt=1, description="In-loop gate: significance level after Holm correction.")

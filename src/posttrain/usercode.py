@@ -17,6 +17,9 @@ from typing import Any, Callable
 
 from posttrain.errors import PosttrainError
 
+# Short names of built-in functions, usable wherever a spec is (`fn: math_answer`).
+BUILTIN_SPECS = {"math_answer": "posttrain.rewards.math_answer:math_answer"}
+
 
 @dataclass(frozen=True)
 class UserSymbol:
@@ -94,7 +97,9 @@ def _describe(e: BaseException, path: Path | None) -> str:
 
 def load(spec: str, field: str) -> UserSymbol:
     """Imports the file or module `spec` names and returns its symbol; PosttrainError naming `field`, the file and
-    the symbol when the file is missing, its import raises, or the symbol is absent."""
+    the symbol when the file is missing, its import raises, or the symbol is absent. A short name of
+    `BUILTIN_SPECS` stands for its full spec."""
+    spec = BUILTIN_SPECS.get(spec, spec)
     where, name = split_spec(spec, field)
     if where.endswith(".py") or "/" in where or "\\" in where:
         path = Path(where)

@@ -39,7 +39,8 @@ def test_hf_eval_records_and_identical_models_compare_clean(tiny_model_dir, suit
     assert [r["id"] for r in echo["records"]] == ["a#0", "a#1", "b#0", "b#1"]  # n=2: each completion a sample
     assert all(1 <= r["tokens"] <= 6 for r in echo["records"]) and echo["summary"]["mean"] == 1.0
     assert [r["failed"] for r in fmt["records"]] == [[], ["must_contain 'zzz'"]]
-    assert fmt["summary"] == pytest.approx({"mean": 0.5, "se": 0.5, "n": 2, "mean_tokens": fmt["summary"]["mean_tokens"]})
+    assert fmt["summary"] == pytest.approx({"mean": 0.5, "se": 0.5, "n": 2, "mean_tokens": fmt["summary"]["mean_tokens"],
+                                            "ci_low": 0.5 - 1.96 * 0.5, "ci_high": 0.5 + 1.96 * 0.5}, abs=1e-4)
     assert json.loads((tmp_path / "out" / "results.json").read_text())["suites"][1]["records"][1]["score"] == 0.0
 
     copy = tmp_path / "copy"

@@ -197,3 +197,37 @@ def test_suite_file_errors_name_file_suite_and_field(tmp_path, body, message):
 def test_unknown_suite_reference():
     with pytest.raises(PosttrainError, match="--suite nonesuch: no such file"):
         load_suites(["nonesuch"])
+
+
+BATCH_FN = '''
+from pathlib import Path
+
+def length_batch(prompts, completions, **kwargs):  # logs each call's batch size beside this file
+    with open(Path(__file__).with_suffix(".calls"), "a") as f:
+        f.write(f"{len(completions)}\\n")
+    return [float(len(c)) for c in completions]
+'''
+
+
+def test_a_batch_function_scorer_is_called_once_per_suite_and_its_source_is_in_the_cache_key(tmp_path):
+    # Score = length. p1: chosen "aaa" (3) > "a" (1) -> 1. p2: chosen "bb" (2) < "bbbb" (4) -> 0 (best of 3).
+    # Five completions in all, scored by one call of the batch function.
+    fn = tmp_path / "fns.py"
+    fn.write_text(BATCH_FN)
+    f = write(tmp_path, f"""
+        suites:
+          - name: prefs
+            kind: preference
+            scorer: {{type: function, fn: "{fn}:length_batch"}}
+            pairs:
+              - {{id: p1, prompt: q, chosen: aaa, rejected: a}}
+              - {{id: p2, prompt: q, chosen: bb, rejected: [bbbb, b]}}
+    """)
+    (suite,) = read_suite_file(f)
+    records = preference_records(suite)
+    assert [(r["score"], r["chosen_score"], r["rejected_scores"]) for r in records] == [(1.0, 3.0, [1.0]),
+                                                                                         (0.0, 2.0, [4.0, 1.0])]
+    assert (tmp_path / "fns.calls").read_text().split() == ["5"]
+    assert read_suite_file(f)[0].digest == suite.digest  # unchanged code: the same cache key
+    fn.write_text(BATCH_FN + "# edited\n")  # editing the function must not return stale cached results
+    assert read_suite_file(f)[0].digest != suite.digest

@@ -3,6 +3,9 @@ trainer goes on; the driver collects the result on a later step (`poll`, never b
 (`finish`), gates it against the previous and the best evaluated checkpoint with the paired statistics of
 evals/compare.py, logs `eval/*` metrics, and keeps runs/<name>/best.json pointing at the best checkpoint.
 
+With `run_reward` among the suites (evals/run_suite.py), the gate and best.json follow the run's own reward on
+its held-out split.
+
 Best: the first evaluated checkpoint, then any checkpoint whose mean suite score is higher than the best's and that
 does not significantly regress against it on any suite. Each evaluation is also kept as
 runs/<name>/evals/step_NNNNNN/{results.json, report.html} (the records a later gate pairs with).
@@ -21,11 +24,11 @@ from posttrain.training import checkpoint as ckpt
 class CheckpointEvaluator:
     """The evaluator role (a Ray actor): one engine, reused for every checkpoint by loading its weights in place."""
 
-    def __init__(self, suites: list[str], engine: dict, cache_dir: str | None = None):
+    def __init__(self, suites: list[str], engine: dict, cache_dir: str | None = None, run_dir: str | None = None):
         from posttrain.evals.runner import EngineSettings, ModelEvaluator
         from posttrain.evals.suites import load_suites
 
-        self.suites = load_suites(suites)
+        self.suites = load_suites(suites, run_dir)  # run_dir: for `run_reward`, the run's own reward
         self.evaluator = ModelEvaluator(EngineSettings(**engine), Path(cache_dir) if cache_dir else None)
 
     def evaluate(self, step: int, model_dir: str) -> dict:
@@ -166,6 +169,8 @@ class InLoopEval:
         for s in result["suites"]:
             record[f"eval/{s['suite']}/mean"] = s["summary"]["mean"]
             record[f"eval/{s['suite']}/se"] = s["summary"]["se"]
+            for name, c in s["summary"].get("components", {}).items():  # run_reward: each source of the reward
+                record[f"eval/{s['suite']}/{name}/mean"] = c["mean"]
         if self.previous is not None:
             record.update(gate_metrics("vs_previous", self._compare(self.previous, result)))
         becomes_best = self.best is None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from posttrain.errors import PosttrainError
+from posttrain.evals.scorers import score_outputs
 from posttrain.evals.stats import mean_se
 from posttrain.evals.suites import Suite, best_of_k_score, pairwise_score
 
@@ -74,37 +75,63 @@ def generate_records(engine, encoder, suite: Suite) -> list[dict]:
     prompts = [encoder.encode(x["prompt"]) for x in suite.samples]
     spec = SamplingSpec(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p)
     groups = engine.generate(prompts, spec, prompt_seeds(s.seed, len(prompts)))
-    records = []
+    rows = []
     for sample, group in zip(suite.samples, groups):
         for j, c in enumerate(group):
-            output = encoder.decode_completion(c.token_ids)
-            rec = {"id": sample["id"] if s.n == 1 else f"{sample['id']}#{j}", "prompt": sample["prompt"],
-                   "output": output, "score": float(suite.score(sample["prompt"], output, sample)),
-                   "tokens": len(c.token_ids)}
-            if suite.explain is not None:
-                rec["failed"] = suite.explain(output, sample)
-            records.append(rec)
+            rows.append({"prompt": sample["prompt"], "output": encoder.decode_completion(c.token_ids),
+                         "record": sample, "tokens": len(c.token_ids),
+                         "id": sample["id"] if s.n == 1 else f"{sample['id']}#{j}"})
+    scores, extras = score_outputs(suite.score, rows)  # one call for a batch scorer
+    records = []
+    for i, (row, score) in enumerate(zip(rows, scores)):
+        rec = {"id": row["id"], "prompt": row["prompt"], "output": row["output"], "score": score,
+               "tokens": row["tokens"], **(extras[i] if extras is not None else {})}
+        if suite.explain is not None:
+            rec["failed"] = suite.explain(row["output"], row["record"])
+        records.append(rec)
     return records
 
 
 def preference_records(suite: Suite) -> list[dict]:
     """Scores each pair's chosen and rejected completions with the suite's scorer: pairwise accuracy, or
     best-of-k (RewardBench 2) when `rejected` is a list."""
-    records = []
+    rows = []  # every pair's chosen, then its rejected completions: one call for a batch scorer
     for pair in suite.samples:
-        chosen = float(suite.score(pair["prompt"], pair["chosen"], pair))
         rejected = pair["rejected"] if isinstance(pair["rejected"], list) else [pair["rejected"]]
-        scores = [float(suite.score(pair["prompt"], r, pair)) for r in rejected]
-        score = pairwise_score(chosen, scores[0]) if len(scores) == 1 else best_of_k_score(chosen, scores)
+        rows += [{"prompt": pair["prompt"], "output": text, "record": pair, "tokens": 0}
+                 for text in [pair["chosen"], *rejected]]
+    scores, _ = score_outputs(suite.score, rows)
+    records, at = [], 0
+    for pair in suite.samples:
+        k = len(pair["rejected"]) if isinstance(pair["rejected"], list) else 1
+        chosen, rejected_scores = scores[at], scores[at + 1:at + 1 + k]
+        at += 1 + k
+        score = (pairwise_score(chosen, rejected_scores[0]) if k == 1
+                 else best_of_k_score(chosen, rejected_scores))
         records.append({"id": pair["id"], "prompt": pair["prompt"], "output": pair["chosen"], "score": score,
-                        "tokens": 0, "chosen_score": chosen, "rejected_scores": scores})
+                        "tokens": 0, "chosen_score": chosen, "rejected_scores": rejected_scores})
     return records
 
 
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def _mean_ci(scores: list[float]) -> dict:
+    ms = mean_se(scores)
+    return {"mean": ms.mean, "se": ms.se, "n": ms.n, "ci_low": ms.mean - Z95 * ms.se, "ci_high": ms.mean + Z95 * ms.se}
+
+
 def summarize(records: list[dict]) -> dict:
-    ms = mean_se([r["score"] for r in records])
+    """mean, SE, n and the normal 95% CI of the scores, mean tokens; for records with `components` (the run_reward
+    suite) the same per source, a source's None scores left out, and `failures` per source."""
     tokens = [r["tokens"] for r in records]
-    return {"mean": ms.mean, "se": ms.se, "n": ms.n, "mean_tokens": sum(tokens) / len(tokens)}
+    out = {**_mean_ci([r["score"] for r in records]), "mean_tokens": sum(tokens) / len(tokens)}
+    names = list(dict.fromkeys(k for r in records for k in r.get("components", {})))
+    if names:
+        scored = {k: [r["components"][k] for r in records if r["components"].get(k) is not None] for k in names}
+        out["components"] = {k: _mean_ci(v) for k, v in scored.items() if v}
+        out["failures"] = {k: sum(k in r.get("errors", {}) for r in records) for k in names}
+    return out
 
 
 @dataclass

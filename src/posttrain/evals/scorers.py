@@ -5,8 +5,8 @@ and any other fields the suite file gave it).
 A suite names its scorer as `{type: NAME, ...options}`; `build_scorer` looks NAME up in `SCORERS` and calls the
 factory with the options: exact, numeric, regex, verifier, python (a user hook), reward_model (a trained RM
 directory), judge (an LLM judge endpoint), gold (a built-in task's hidden gold function) and function (a
-reward function from user code, run exactly as `reward.functions` runs it in training). `register_scorer` adds
-more.
+reward function from user code, run exactly as `reward.functions` runs it in training: a batch function is called
+once per suite, see `score_outputs`). `register_scorer` adds more.
 """
 
 from __future__ import annotations
@@ -94,31 +94,57 @@ def python_scorer(*, hook: str) -> Scorer:
     return lambda prompt, output, record: float(fn(prompt, output, record))
 
 
-def function_scorer(*, fn: str, timeout_seconds: float = 10.0) -> Scorer:
+class FunctionScorer:
     """A reward function (`path/to/file.py:name` or `package.module:name`, batch or per-sample, async or not; see
     rewards/functions.py) in its own child process, the same code path as `reward.functions` in training, so one
-    text gets one score. Each sample is one call (a batch function sees a batch of one). A failure, or None (the
-    function does not apply), stops the eval with a message naming the function and the sample: a suite scores
-    every sample."""
-    from posttrain.config import RewardFunctionConfig
-    from posttrain.rewards.functions import FunctionScorers, check_function
+    text gets one score. `batch(rows)` scores a whole suite in one request (a batch function is called once, a
+    per-sample one once per sample, as in training); calling the scorer itself scores one sample. A failure, or None
+    (the function does not apply), stops the eval with a message naming the function and the sample: a suite
+    scores every sample. `sources` (name -> sha256 of the function's file) goes into the suite's cache key, so
+    editing the function invalidates cached results."""
 
-    name = fn.rpartition(":")[2]
-    check_function(name, fn, "fn")
-    scorers = FunctionScorers([RewardFunctionConfig(name=name, fn=fn)], timeout_seconds, 0.0, field="scorer")
+    def __init__(self, fn: str, timeout_seconds: float = 10.0):
+        from posttrain.config import RewardFunctionConfig
+        from posttrain.rewards.functions import FunctionScorers, check_function
 
-    def score(prompt: str, output: str, record: dict) -> float:
-        row = {"prompt": prompt, "completion": output, "answer": record.get("answer"), "completion_ids": None,
-               "sample_id": str(record.get("id", "?"))}
-        (value,), (error,) = scorers.score([row], "eval")[name]
-        if error is not None:
-            raise PosttrainError(f"function scorer {fn}: {error}")
-        if value is None:
-            raise PosttrainError(f"function scorer {fn}: returned None (does not apply) for sample {row['sample_id']}",
-                                 hint="an eval suite scores every sample: keep only samples the function applies to")
-        return value
+        self.fn, self.name = fn, fn.rpartition(":")[2]
+        source = check_function(self.name, fn, "fn")
+        self.sources = {self.name: source.sha256}
+        self.scorers = FunctionScorers([RewardFunctionConfig(name=self.name, fn=fn)], timeout_seconds, 0.0,
+                                       field="scorer")
 
-    return score
+    def batch(self, rows: list[dict]) -> tuple[list[float], None]:
+        """rows: {prompt, output, record, tokens} per sample -> (score per sample, no components)."""
+        fn_rows = [{"prompt": r["prompt"], "completion": r["output"], "answer": r["record"].get("answer"),
+                    "completion_ids": None, "sample_id": str(r.get("id", r["record"].get("id", "?")))} for r in rows]
+        values, errors = self.scorers.score(fn_rows, "eval")[self.name]
+        for value, error, row in zip(values, errors, fn_rows):
+            if error is not None:
+                raise PosttrainError(f"function scorer {self.fn}: {error}")
+            if value is None:
+                raise PosttrainError(f"function scorer {self.fn}: returned None (does not apply) for sample "
+                                     f"{row['sample_id']}", hint="an eval suite scores every sample: keep only "
+                                     "samples the function applies to")
+        return values, None
+
+    def __call__(self, prompt: str, output: str, record: dict) -> float:
+        return self.batch([{"prompt": prompt, "output": output, "record": record, "tokens": 0}])[0][0]
+
+
+def function_scorer(*, fn: str, timeout_seconds: float = 10.0) -> Scorer:
+    """See FunctionScorer."""
+    return FunctionScorer(fn, timeout_seconds)
+
+
+def score_outputs(scorer: Scorer, rows: list[dict]) -> tuple[list[float], list[dict] | None]:
+    """Scores a suite's outputs. rows: {prompt, output, record, tokens} per sample. A scorer with a `batch` method
+    (function scorers, the run's reward) gets every row in one call and may return per-sample components
+    ({source: score}); any other scorer is called once per row."""
+    batch = getattr(scorer, "batch", None)
+    if batch is not None:
+        scores, components = batch(rows)
+        return [float(s) for s in scores], components
+    return [float(scorer(r["prompt"], r["output"], r["record"])) for r in rows], None
 
 
 def reward_model_scorer(*, path: str, chat_template: str = "auto", normalized: bool = True) -> Scorer:

@@ -106,7 +106,7 @@ class Suite:
     samples: list[dict]
     score: Scorer
     sampling: Sampling | None  # None for preference suites (nothing is generated)
-    digest: str  # sha256 of the resolved samples, scorer spec and sampling: part of the results cache key
+    digest: str  # sha256 of the resolved samples, scorer spec (+ its code's sha256) and sampling: part of the cache key
     source: str
     explain: Callable[[str, dict], list[str]] | None = None  # regression: the properties an output breaks
 
@@ -142,6 +142,14 @@ def pairwise_score(chosen: float, rejected: float) -> float:
 
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _scorer_sources(scorer) -> list:
+    """[{name: sha256 of its source file}] for a scorer that runs user code (e.g. the function scorer), else []:
+    part of the suite digest, so editing the code invalidates cached results (kept out of the digest otherwise, so
+    the cache keys of other suites do not change)."""
+    sources = getattr(scorer, "sources", None)
+    return [sources] if sources else []
 
 
 def _task_samples(src: TaskSource) -> list[dict]:
@@ -198,7 +206,7 @@ def resolve_suite(spec: GenerationSuite | RegressionSuite | PreferenceSuite, fil
         samples = _check_samples(samples, where)
         scorer = build_scorer(spec.scorer, where=where)
         return Suite(spec.name, "generation", samples, scorer, spec.sampling,
-                     _digest([samples, spec.scorer, spec.sampling.model_dump()]), str(file))
+                     _digest([samples, spec.scorer, spec.sampling.model_dump(), *_scorer_sources(scorer)]), str(file))
     if isinstance(spec, RegressionSuite):
         samples = _check_samples([c.model_dump() for c in spec.cases], where)
         patterns = spec.refusal_patterns
@@ -213,7 +221,8 @@ def resolve_suite(spec: GenerationSuite | RegressionSuite | PreferenceSuite, fil
                      _digest([samples, patterns, spec.sampling.model_dump()]), str(file), explain)
     samples = _check_samples([p.model_dump() for p in spec.pairs], where)
     scorer = build_scorer(spec.scorer, where=where)
-    return Suite(spec.name, "preference", samples, scorer, None, _digest([samples, spec.scorer]), str(file))
+    return Suite(spec.name, "preference", samples, scorer, None,
+                 _digest([samples, spec.scorer, *_scorer_sources(scorer)]), str(file))
 
 
 def _field(err: dict) -> str:
@@ -252,10 +261,21 @@ def builtin_suite_files() -> list[Path]:
     return sorted(BUILTIN_DIR.glob("*.yaml"))
 
 
-def load_suites(refs: list[str]) -> list[Suite]:
-    """Suites from files (all suites in each), built-in file stems (e.g. 'addition'), or built-in suite names."""
+def load_suites(refs: list[str], run_dir: str | Path | None = None, *, allow_changed: bool = False,
+                warn=print) -> list[Suite]:
+    """Suites from files (all suites in each), built-in file stems (e.g. 'addition'), built-in suite names, or
+    `run_reward`: the held-out split of the run in `run_dir` scored by its own reward (evals/run_suite.py)."""
+    from posttrain.evals.run_suite import RUN_REWARD, run_suite
+
     out: list[Suite] = []
     for ref in refs:
+        if ref == RUN_REWARD:
+            if run_dir is None:
+                raise PosttrainError(f"--suite {RUN_REWARD}: this suite is built from a run's config and needs the run",
+                                     hint="use `posttrain eval --from-run runs/<name>` (in eval.suites the run is "
+                                     "the one being trained)")
+            out.append(run_suite(run_dir, allow_changed=allow_changed, warn=warn))
+            continue
         if Path(ref).is_file():
             out.extend(read_suite_file(ref))
             continue

@@ -123,7 +123,8 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
         engine = {"kind": cfg.rollout.engine, "dtype": cfg.model.dtype, "max_model_len": v.max_model_len,
                   "kv_cache_gb": v.kv_cache_gb}
         evaluator = ray.remote(CheckpointEvaluator).options(**place(
-            "evaluator", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)})).remote(cfg.eval.suites, engine)
+            "evaluator", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)})).remote(
+            cfg.eval.suites, engine, run_dir=str(cfg.run_dir.resolve()))
     # Surface start-up errors (bad model dir, engine failure) here, before the first step.
     ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
             + ([reference.logprobs.remote([], [])] if reference is not None else [])
