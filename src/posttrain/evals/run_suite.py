@@ -103,15 +103,17 @@ class RunRewardScorer:
 
         r = self.cfg.reward
         outputs = [row["output"] for row in rows]
-        verified = [score_one(self.task, Problem(row["record"]["id"], row["prompt"], row["record"]["answer"]),
-                              row["output"], r.default) for row in rows]
+        verified = [score_one(self.task, Problem(row["record"]["id"], row["prompt"], row["record"]["answer"],
+                                                 row["record"].get("columns") or {}), row["output"], r.default)
+                    for row in rows]
         components = {"verifier": [v.reward for v in verified],
                       "length": length_component([row["tokens"] for row in rows], self.cfg.rollout.max_new_tokens),
                       "format": format_component(outputs, r.format_regex)}
         errors = [{"verifier": v.error} if v.error else {} for v in verified]
         if self.functions is not None:
             fn_rows = [{"prompt": row["prompt"], "completion": row["output"], "answer": row["record"]["answer"],
-                        "completion_ids": None, "sample_id": str(row.get("id", row["record"]["id"]))} for row in rows]
+                        "completion_ids": None, "sample_id": str(row.get("id", row["record"]["id"])),
+                        "columns": row["record"].get("columns") or {}} for row in rows]
             for name, (scores, errs) in self.functions.score(fn_rows, "eval").items():
                 components[name] = scores
                 for i, e in enumerate(errs):
@@ -130,11 +132,12 @@ class RunRewardScorer:
 
 def run_suite(run_dir: str | Path, *, allow_changed: bool = False, warn=print) -> Suite:
     """The `run_reward` suite of the run in `run_dir` (see the module docstring)."""
-    from posttrain.tasks import load_task
+    from posttrain.tasks.base import answer_needed, load_task
 
     cfg, sources = read_run(run_dir, allow_changed=allow_changed, warn=warn)
-    task = load_task(cfg.task, cfg.seed)
-    samples = [{"id": p.id, "prompt": p.prompt, "answer": p.answer} for p in task.heldout]
+    task = load_task(cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
+    # the dataset's other columns go to the functions as in training
+    samples = [{"id": p.id, "prompt": p.prompt, "answer": p.answer, "columns": p.columns} for p in task.heldout]
     sampling = Sampling(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens)
     scorer = RunRewardScorer(cfg, task, sources)
     blob = json.dumps([samples, cfg.reward.model_dump(mode="json"), cfg.task.model_dump(mode="json"),
