@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -92,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
     finally:
         stop_ray()
-    result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, no GPU", "engine": args.engine,
+    from posttrain.machine import describe_machine
+
+    result = {"machine": describe_machine(), "engine": args.engine,
               "model": args.model or f"tiny {args.size} (built by the benchmark)", "steps": args.steps,
               "batch": "16 prompts x 8 samples, 8 new tokens", "torch_threads_per_rank": 1,
               "gpu": "not run: this task has no GPU machine", "rows": rows}
