@@ -122,7 +122,7 @@ def test_read_run_refuses_a_changed_function_unless_allowed(tmp_path):
                        rf"{old} \(run\) -> [0-9a-f]{{64}} \(now\)"):
         read_run(run)
     warnings = []
-    _, sources = read_run(run, allow_changed=True, warn=warnings.append)
+    _, sources, _task = read_run(run, allow_changed=True, warn=warnings.append)
     assert len(warnings) == 2 and "--allow-changed-reward" in warnings[0] and sources["always_one"] != old
 
 
@@ -161,3 +161,31 @@ def test_a_run_with_eval_suites_run_reward_gates_on_its_own_reward(tmp_path, tin
     assert m["eval/run_reward/always_one/mean"] == 1.0 and m["eval/run_reward/verifier/mean"] in (0, .25, .5, .75, 1)
     assert m["eval/score"] == m["eval/run_reward/mean"] == pytest.approx(2.0 + m["eval/run_reward/verifier/mean"])
     assert ckpt.read_best_pointer(cfg.run_dir)["step"] == 2 == m["step"]
+
+
+COLUMN_MODULE = '''
+def by_parity(prompt, completion, parity):  # per sample, takes the dataset's own column by name
+    return 1.0 if parity == "even" else 0.0
+'''
+
+
+def test_run_reward_gives_the_datasets_columns_to_the_runs_functions(tmp_path):
+    """A function that requires a dataset column loads (as the loop's start check allows it) and gets each row's
+    value, in the driver (`--from-run`) and so in the evaluator actor, which builds the same suite."""
+    from posttrain.evals.run_suite import run_suite
+
+    fn = tmp_path / "cols.py"
+    fn.write_text(COLUMN_MODULE)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"{i}:", "answer": str(i),
+                                        "parity": "even" if i % 2 == 0 else "odd"}) + "\n" for i in range(8)))
+    cfg = load_config(None, [
+        "name=c", f"runs_dir={tmp_path / 'runs'}", "task.name=dataset", f"task.path={data}", "task.heldout_size=4",
+        "seed=3", "reward.weights={verifier: 0}", f"reward.functions=[{{name: parity, fn: '{fn}:by_parity'}}]"])
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
+    suite = run_suite(cfg.run_dir)
+    rows = [{"prompt": s["prompt"], "output": "x", "record": s, "tokens": 1, "id": s["id"]} for s in suite.samples]
+    scores, _extras = suite.score.batch(rows)
+    assert scores == [1.0 if int(s["id"][1:]) % 2 == 0 else 0.0 for s in suite.samples]
+    assert {s["columns"]["parity"] for s in suite.samples} <= {"even", "odd"}

@@ -44,10 +44,11 @@ def recorded_sources(run_dir: Path) -> dict[str, str]:
 
 
 def read_run(run_dir: str | Path, *, allow_changed: bool = False, warn=print):
-    """(the run's RunConfig, name -> sha256 of each reward function's file now). PosttrainError when `run_dir` is
-    not a run, or a function's file is gone or (unless `allow_changed`) changed since the run."""
+    """(the run's RunConfig, name -> sha256 of each reward function's file now, the run's task). PosttrainError
+    when `run_dir` is not a run, or a function's file is gone or (unless `allow_changed`) changed since the run."""
     from posttrain.config import load_config
     from posttrain.rewards.functions import check_function
+    from posttrain.tasks.base import answer_needed, load_task
 
     d = Path(run_dir)
     where = f"--from-run {d}"
@@ -55,11 +56,14 @@ def read_run(run_dir: str | Path, *, allow_changed: bool = False, warn=print):
         raise PosttrainError(f"{where}: not a run directory (no config.yaml in it)",
                              hint="point --from-run at runs/<name>, the directory `posttrain train` wrote")
     cfg = load_config(d / "config.yaml")
+    task = load_task(cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
+    # a function may take the dataset's own columns by name, as in training
+    columns = list(dict.fromkeys(k for p in (*task.train, *task.heldout) for k in p.columns))
     recorded = recorded_sources(d)
     now = {}
     for i, f in enumerate(cfg.reward.functions):
         try:
-            src = check_function(f.name, f.fn, f"reward.functions.{i}.fn")
+            src = check_function(f.name, f.fn, f"reward.functions.{i}.fn", columns)
         except PosttrainError as e:
             was = f" (the run recorded sha256 {recorded[f.name]})" if f.name in recorded else ""
             raise PosttrainError(f"{where}: the run's reward function {f.name!r} cannot be loaded{was}: "
@@ -75,7 +79,7 @@ def read_run(run_dir: str | Path, *, allow_changed: bool = False, warn=print):
                                      "--allow-changed-reward to score with the new definition")
             warn(f"warning: {text}; scoring with the new definition (--allow-changed-reward)")
         now[f.name] = src.sha256
-    return cfg, now
+    return cfg, now, task
 
 
 class RunRewardScorer:
@@ -132,10 +136,7 @@ class RunRewardScorer:
 
 def run_suite(run_dir: str | Path, *, allow_changed: bool = False, warn=print) -> Suite:
     """The `run_reward` suite of the run in `run_dir` (see the module docstring)."""
-    from posttrain.tasks.base import answer_needed, load_task
-
-    cfg, sources = read_run(run_dir, allow_changed=allow_changed, warn=warn)
-    task = load_task(cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
+    cfg, sources, task = read_run(run_dir, allow_changed=allow_changed, warn=warn)
     # the dataset's other columns go to the functions as in training
     samples = [{"id": p.id, "prompt": p.prompt, "answer": p.answer, "columns": p.columns} for p in task.heldout]
     sampling = Sampling(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens)
