@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.config import RunConfig
+from posttrain.errors import PosttrainError
 
 
 @dataclass
@@ -126,13 +127,27 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
             "evaluator", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)})).remote(
             cfg.eval.suites, engine, run_dir=str(cfg.run_dir.resolve()))
     # Surface start-up errors (bad model dir, engine failure) here, before the first step.
-    ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
-            + ([reference.logprobs.remote([], [])] if reference is not None else [])
-            + ([critic.ping.remote()] if critic is not None else [])
-            + ([reward_model.score.remote([])] if reward_model is not None else [])
-            + ([evaluator.ping.remote()] if evaluator is not None else []))
+    try:
+        ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
+                + ([reference.logprobs.remote([], [])] if reference is not None else [])
+                + ([critic.ping.remote()] if critic is not None else [])
+                + ([reward_model.score.remote([])] if reward_model is not None else [])
+                + ([evaluator.ping.remote()] if evaluator is not None else []))
+    except ray.exceptions.RayActorError as e:
+        raise_user_error_of(e)
     return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs,
                  critic=critic, reward_model=reward_model, judge=judge, evaluator=evaluator)
+
+
+def raise_user_error_of(error: Exception) -> None:
+    """An actor whose constructor raised a PosttrainError (a bad input found inside it) dies with only the remote
+    traceback as text: re-raise that message as the PosttrainError it was, anything else as it is."""
+    marker = "posttrain.errors.PosttrainError: "
+    text = getattr(error, "error_msg", "") or str(error)
+    if marker in text:
+        message = text[text.rindex(marker) + len(marker):].strip()
+        raise PosttrainError(f"a role failed to start: {message}") from None
+    raise error
 
 
 def destroy_roles(roles: Roles) -> None:
