@@ -231,3 +231,16 @@ def test_a_batch_function_scorer_is_called_once_per_suite_and_its_source_is_in_t
     assert read_suite_file(f)[0].digest == suite.digest  # unchanged code: the same cache key
     fn.write_text(BATCH_FN + "# edited\n")  # editing the function must not return stale cached results
     assert read_suite_file(f)[0].digest != suite.digest
+
+
+def test_eval_report_shows_a_chat_prompt_as_role_lines():
+    """A dataset's chat-format prompt (a list of messages) in a record: the report renders it as text (it raised
+    "'list' object has no attribute 'replace'" and stopped the in-loop evaluator of the custom-task example)."""
+    from posttrain.evals.report import eval_report
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 < 3?"}]
+    suite = {"suite": "run_reward", "kind": "generation", "cached": False,
+             "summary": {"n": 1, "mean": 0.0, "se": 0.0, "mean_tokens": 2.0},
+             "records": [{"id": "r1", "prompt": chat, "output": "yes", "score": 0.0, "tokens": 2}]}
+    html = eval_report("m", [suite])
+    assert "<pre>system: Be brief.\nuser: 2 &lt; 3?</pre>" in html

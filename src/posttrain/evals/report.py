@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
+from posttrain.tasks.base import prompt_text
+
 COLORS = ("#3b6fb6", "#d9822b")
 STYLE = ("body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
@@ -92,7 +94,7 @@ def eval_report(model: str, results: list[dict]) -> str:
         if bad:
             fails.append(f"<h3>{escape(r['suite'])}: lowest-scoring samples</h3>" + _table(
                 ["id", "prompt", "output", "score"],
-                [[escape(x["id"]), f"<pre>{escape(x['prompt'])}</pre>", f"<pre>{escape(x['output'])}</pre>",
+                [[escape(x["id"]), f"<pre>{escape(prompt_text(x['prompt']))}</pre>", f"<pre>{escape(x['output'])}</pre>",
                   f"{x['score']:.2f}" + (f" ({escape('; '.join(x['failed']))})" if x.get("failed") else "")]
                  for x in bad]))
     return _page(f"posttrain eval: {model}", ["<h2>Score per suite (mean +- 1 SE)</h2>", bars, table,
@@ -125,7 +127,7 @@ def compare_report(name_a: str, name_b: str, rows: list[dict], results_a: list[d
             if items:
                 sections.append(f"<h3>{escape(n)}: {label}</h3>" + _table(
                     ["id", "prompt", "A output", "B output", "A", "B"],
-                    [[escape(x["id"]), f"<pre>{escape(x['prompt'])}</pre>", f"<pre>{escape(x['output_a'])}</pre>",
+                    [[escape(x["id"]), f"<pre>{escape(prompt_text(x['prompt']))}</pre>", f"<pre>{escape(x['output_a'])}</pre>",
                       f"<pre>{escape(x['output_b'])}</pre>", f"{x['score_a']:.2f}", f"{x['score_b']:.2f}"]
                      for x in items]))
     return _page(f"posttrain compare: {name_b} vs {name_a}", sections)
