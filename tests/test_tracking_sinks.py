@@ -32,7 +32,8 @@ def _cfg(runs_dir: Path, *extra: str):
     return load_config(None, [
         "name=tracked", f"runs_dir={runs_dir}", "logging.sinks=[jsonl,tensorboard,mlflow,wandb]",
         # Secrets reaching the config by accident: a password in a URL, and the API key's value in a path.
-        f"ray.address=ray://admin:{URL_PASSWORD}@127.0.0.1:10001", f"task.path=/data/{SECRET}/rows.jsonl", *extra,
+        f"ray.address=ray://admin:{URL_PASSWORD}@127.0.0.1:10001", "task.name=dataset",
+        f"task.path=/data/{SECRET}/rows.jsonl", *extra,
     ])
 
 

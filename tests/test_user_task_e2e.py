@@ -3,28 +3,28 @@ tokenizer with a ChatML template trained locally (`tokenizers`), a Llama-archite
 dataset file with an extra column, SFT, then GRPO with the vLLM engine and two reward functions from a module in a
 temporary directory (a batch function in TRL's form and a per-sample one taking the dataset's column).
 
-The learning signal is the one the algorithm tests use, because it holds on any CPU: the weighted function rewards
-detail (words up to a cap), which every sample of every group grades, so a policy that follows its gradient raises
-it by many standard errors within 20 steps whatever the kernels' rounding (see tests/test_algorithm_runs.py for
-why exact-match learning in a few steps does not). The other function (does the completion name the row's unit?)
+The learning signal is of the kind the algorithm tests use, because it holds on any CPU: the weighted function
+rewards detail (words up to a cap), which every sample of every group grades, so a policy that follows its gradient
+raises it by many standard errors within 20 steps whatever the kernels' rounding (see tests/test_algorithm_runs.py
+for why exact-match learning in a few steps does not). It can reach the cap within 3-4 steps, so the test compares
+the 32 samples of the first step with the 32 of the last (a two-sample z) rather than 5-step windows. The other function (does the completion name the row's unit?)
 is logged with weight 0: its series must be there, computed from the dataset's column, without steering the run."""
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from pathlib import Path
 
 import pytest
 
-from test_algorithm_runs import window_gain_z
-
 pytestmark = pytest.mark.integration
 
 UNITS = ["apples", "pears", "books", "coins", "cards", "boats"]
 NAMES = ["Tom", "Ana", "Lee", "Sam", "Kim", "Max"]
-STEPS, K, Z_MIN, MAX_NEW = 20, 5, 4.0, 64
+STEPS, Z_MIN, MAX_NEW = 20, 4.0, 64
 
 REWARDS = '''
 def detail(prompts, completions, **kwargs):
@@ -36,6 +36,21 @@ def names_unit(prompt, completion, unit):
     """Per-sample, with the dataset's own column: 1 when the completion names the row's unit."""
     return 1.0 if unit in completion else 0.0
 '''
+
+
+def two_sample_z(first: list[float], last: list[float]) -> tuple[float, float]:
+    """(mean(last) - mean(first), that difference over its standard error from both samples' variances)."""
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    var = lambda xs: sum((x - mean(xs)) ** 2 for x in xs) / (len(xs) - 1)  # noqa: E731
+    gain = mean(last) - mean(first)
+    se = math.sqrt(var(first) / len(first) + var(last) / len(last))
+    return gain, gain / se if se > 0 else (math.inf if gain > 0 else 0.0)
+
+
+def test_two_sample_z_by_hand():
+    # first [0, 1, 2]: mean 1, var 1; last [2, 4, 6]: mean 4, var 4; se = sqrt(1/3 + 4/3) = 1.291; z = 3 / 1.291
+    gain, z = two_sample_z([0, 1, 2], [2, 4, 6])
+    assert gain == 3 and z == pytest.approx(2.3238, abs=1e-4)
 
 
 def word_problem(rng: random.Random) -> dict:
@@ -102,7 +117,8 @@ def test_bpe_chat_dataset_sft_then_grpo_with_user_reward_functions(user_files):
     steps = [m for m in read_metrics(cfg.run_dir) if "time/step" in m]
     detail = [m["reward/detail"] for m in steps]
     unit = [m["reward/unit"] for m in steps]
-    gain, z = window_gain_z(detail, K)
+    logged = [json.loads(line) for line in (cfg.run_dir / "samples.jsonl").read_text().splitlines()]
+    gain, z = two_sample_z([r for _id, _text, r in logged[0]["samples"]], [r for _id, _text, r in logged[-1]["samples"]])
     print(f"user task: SFT {sft.steps} steps {t_sft:.0f} s; GRPO {STEPS} steps {t_rl:.0f} s; completion tokens "
           f"{steps[0]['response_length']:.1f} -> {steps[-1]['response_length']:.1f}; reward/detail "
           f"{detail[0]:.3f} -> {detail[-1]:.3f} (gain {gain:+.3f}, z {z:.1f}); reward/unit {unit[0]:.2f} -> {unit[-1]:.2f}")
@@ -116,6 +132,6 @@ def test_bpe_chat_dataset_sft_then_grpo_with_user_reward_functions(user_files):
     # reward/unit of step 1, recomputed from the logged completions and each row's own unit column
     units = {f"row{i}": json.loads(line)["unit"]
              for i, line in enumerate((root / "data.jsonl").read_text().splitlines(), start=1)}
-    first = json.loads((cfg.run_dir / "samples.jsonl").read_text().splitlines()[0])
+    first = logged[0]
     named = [units[sample_id.split("/")[1]] in text for sample_id, text, _reward in first["samples"]]
     assert first["step"] == 1 and unit[0] == pytest.approx(sum(named) / len(named))
