@@ -57,8 +57,7 @@ def read_run(run_dir: str | Path, *, allow_changed: bool = False, warn=print):
                              hint="point --from-run at runs/<name>, the directory `posttrain train` wrote")
     cfg = load_config(d / "config.yaml")
     task = load_task(cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
-    # a function may take the dataset's own columns by name, as in training
-    columns = list(dict.fromkeys(k for p in (*task.train, *task.heldout) for k in p.columns))
+    columns = getattr(task, "columns", ())  # a function may take the dataset's columns by name, as the loop allows
     recorded = recorded_sources(d)
     now = {}
     for i, f in enumerate(cfg.reward.functions):
