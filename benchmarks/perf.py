@@ -224,7 +224,8 @@ def posttrain_overrides(name: str, runs: Path, model: str, steps: int, seed: int
 
 def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, seed: int, task: list[str]) -> dict:
     from posttrain.config import load_config
-    from posttrain.loop import TIME_KEYS, remove_run, train
+    from posttrain.loop import remove_run, train
+    from posttrain.step import TIME_KEYS
     from posttrain.tracking import read_metrics
 
     cfg = load_config(None, posttrain_overrides(name, runs, model, steps, seed, task))

@@ -4,7 +4,7 @@ import pytest
 
 from posttrain.config import TaskConfig
 from posttrain.errors import PosttrainError
-from posttrain.loop import split_evenly
+from posttrain.rollout.fleet import split_evenly
 from posttrain.rewards.verifier import score_one
 from posttrain.rollout.sampler import MAX_GROUP_SIZE, Cursor, PromptSampler, prompt_seeds, sample_seed
 from posttrain.tasks import Problem, load_task

@@ -94,7 +94,7 @@ class LoopAlarms:
     def heldout_proxy_and_gold(self) -> dict:
         """Greedy completions of the fixed held-out problems by the current policy, scored with the run's reward
         (the proxy) and the gold function: {"heldout/proxy": mean, "heldout/gold": mean}."""
-        from posttrain.loop import generate_on_workers, rollout_resync
+        from posttrain.rollout.fleet import generate_on_workers, rollout_resync
         from posttrain.rewards.scoring import score_batch
         from posttrain.rollout.engine import SamplingSpec
 
@@ -163,7 +163,7 @@ def after_step_evals_and_alarms(cfg, roles, step: int, last_ckpt_step: int, in_l
     the alarm history restarts. Without a best checkpoint yet, rollback stops the run instead."""
     import ray
 
-    from posttrain.loop import sync_weights
+    from posttrain.rollout.fleet import sync_weights
 
     if in_loop is not None:
         if last_ckpt_step == step:

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from posttrain.algorithms.off_policy import staleness
 from posttrain.config import RunConfig
 from posttrain.errors import PosttrainError
+from posttrain.rollout.fleet import sync_weights
 from posttrain.rollout.sampler import Cursor, PromptSampler
+from posttrain.step import TIME_KEYS, finish_step, rollout_and_score, signal_groups
 
 
 def check_one_step_off_config(cfg: RunConfig) -> None:
@@ -82,16 +84,12 @@ class OneStepOffRollout:
         self._exported = None  # ObjectRef of the trainer's newest weights, exported ahead of the sync
 
     def _launch(self, step: int, roles) -> None:
-        from posttrain.loop import TIME_KEYS, rollout_and_score
-
         problems = self.sampler.next_batch(self.cfg.algorithm.prompts_per_step)
         times = dict.fromkeys(TIME_KEYS, 0.0)
         future = self._pool.submit(rollout_and_score, self.cfg, step, roles, self.encoder, problems, 0, times)
         self._in_flight = _InFlight(step, future, self.engine_version, self.sampler.cursor, times, time.perf_counter())
 
     def run_step(self, step: int, roles) -> tuple[dict, dict]:
-        from posttrain.loop import TIME_KEYS, finish_step, signal_groups, sync_weights
-
         t_start = time.perf_counter()
         if self._in_flight is None:  # the first step of this process: nothing was launched ahead
             self._launch(step, roles)

@@ -1,0 +1,209 @@
+"""One RL step: rollout and scoring, reference logprobs, advantages, the policy update and the weight sync, with
+the step's metrics and where its wall time went (`TIME_KEYS`). The run around it (start, resume, checkpoints,
+preemption, finish) is loop.py; one-step-off rollout (rollout/one_step_off.py) runs the same pieces overlapped."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from posttrain.algorithms.advantages import compute_advantages, shape_rewards, uses_groups
+from posttrain.algorithms.dapo import fill_groups
+from posttrain.algorithms.grpo import nonzero_variance_groups
+from posttrain.config import RunConfig
+from posttrain.models.loading import PromptEncoder
+from posttrain.preemption import point_of_no_return
+from posttrain.rewards.functions import function_failure_counts
+from posttrain.rewards.scoring import component_means, score_batch
+from posttrain.rewards.verifier import failure_counts
+from posttrain.rollout.engine import SamplingSpec
+from posttrain.rollout.fleet import generate_on_workers, rollout_resync, sync_weights
+from posttrain.rollout.sampler import PromptSampler, sample_seed
+from posttrain.rollout.samples import StepSamples
+from posttrain.tasks import Problem
+from posttrain.training.trainer import TrainBatch
+
+TIME_KEYS = ("generate", "reward", "reference", "train", "sync")
+
+
+
+
+def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, problems: list[Problem],
+                      first_index: int, times: dict) -> StepSamples:
+    """Samples group_size completions for each problem and scores them; `first_index` numbers the problems within
+    the step (for their sampling seeds) when a step rolls out more than once. Adds to times["generate"/"reward"]."""
+    n = cfg.algorithm.group_size
+    prompts = [encoder.encode(p.prompt) for p in problems]
+    seeds = [sample_seed(cfg.seed, step, first_index + i) for i in range(len(problems))]
+    spec = SamplingSpec(n=n, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                        top_p=cfg.rollout.top_p)
+    t = time.perf_counter()
+    groups = generate_on_workers(roles.rollout, prompts, spec, seeds, rollout_resync(roles))
+    times["generate"] += time.perf_counter() - t
+
+    # Flatten group by group; a sample's id is (step, prompt_id, sample_index).
+    out = StepSamples()
+    for p, ids, comps in zip(problems, prompts, groups):
+        if len(comps) != n:
+            raise RuntimeError(f"engine returned {len(comps)} completions for {p.id}, expected {n}")
+        for j, c in enumerate(comps):
+            out.sample_ids.append(f"{step}/{p.id}/{j}")
+            out.prompts.append(ids)
+            out.completions.append(list(c.token_ids))
+            out.engine_logprobs.append(list(c.logprobs))
+            out.items.append((p.id, p.prompt, p.answer, encoder.decode_completion(c.token_ids)))
+
+    t = time.perf_counter()
+    scored = score_batch(cfg, roles, out.items, [len(c) for c in out.completions], roles.judge,
+                         completion_ids=out.completions, sample_ids=out.sample_ids, step=step + 1,
+                         columns=[p.columns for p in problems for _ in range(n)])
+    times["reward"] += time.perf_counter() - t
+    out.rewards = scored.rewards
+    out.function_errors = scored.function_errors or [{} for _ in range(len(out))]
+    out.errors = scored.errors
+    out.verifier = scored.verifier
+    out.components = [{k: v[i] for k, v in scored.components.items()} for i in range(len(out))]
+    return out
+
+
+def shaped_rewards(cfg: RunConfig, samples: StepSamples) -> torch.Tensor:
+    lengths = torch.tensor([len(c) for c in samples.completions])
+    return shape_rewards(cfg.algorithm, torch.tensor(samples.rewards, dtype=torch.float32), lengths,
+                         cfg.rollout.max_new_tokens)
+
+
+def signal_groups(cfg: RunConfig, samples: StepSamples) -> list[bool]:
+    """Per group: does it carry a learning signal? Always True for algorithms without groups (PPO, REINFORCE++)."""
+    a = cfg.algorithm
+    if not (uses_groups(a) and a.skip_zero_variance_groups):
+        return [True] * (len(samples) // a.group_size)
+    return nonzero_variance_groups(shaped_rewards(cfg, samples), a.group_size).tolist()
+
+
+def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: PromptEncoder) -> tuple[dict, dict]:
+    """One RL step; returns its metrics (including where its wall time went) and its samples
+    (id, completion text, reward) for runs/<name>/samples.jsonl."""
+    a = cfg.algorithm
+    n = a.group_size
+    times = dict.fromkeys(TIME_KEYS, 0.0)
+    t_start = time.perf_counter()
+
+    generated = rollout_and_score(cfg, step, roles, encoder, sampler.next_batch(a.prompts_per_step), 0, times)
+    signal = signal_groups(cfg, generated)
+    train_set = generated.select_groups(signal, n)
+    rounds = 1
+    # DAPO dynamic sampling: sample more prompts until the batch holds prompts_per_step groups with reward variance.
+    while len(train_set) < a.prompts_per_step * n and rounds <= a.dynamic_sampling_rounds:
+        missing = a.prompts_per_step - len(train_set) // n
+        extra = rollout_and_score(cfg, step, roles, encoder, sampler.next_batch(missing), len(generated) // n, times)
+        generated.extend(extra)
+        train_set.extend(extra.select_groups(fill_groups(signal_groups(cfg, extra), len(train_set) // n,
+                                                         a.prompts_per_step), n))
+        rounds += 1
+    return finish_step(cfg, step, roles, generated, train_set, rounds, times, t_start)
+
+
+def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_set: StepSamples, rounds: int,
+                times: dict, t_start: float, sync=sync_weights) -> tuple[dict, dict]:
+    """The rest of a step once its samples are scored: reference, advantages, train, `sync(roles)`, and the
+    step's metrics and samples (see `run_step`). rollout/one_step_off.py calls it with its own rollouts."""
+    import ray
+
+    a = cfg.algorithm
+    n = a.group_size
+    rewards = torch.tensor(generated.rewards, dtype=torch.float32)
+    failures = sum(err is not None for err in generated.errors)
+
+    train_metrics: dict = {}
+    if len(train_set):
+        k_prompts, k_comps = train_set.prompts, train_set.completions
+        ref_lp = None
+        if roles.reference is not None:
+            t = time.perf_counter()
+            ref_lp = ray.get(roles.reference.logprobs.remote(k_prompts, k_comps))
+            times["reference"] = time.perf_counter() - t
+        adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
+        batch = TrainBatch(
+            prompts=k_prompts, completions=k_comps, advantages=adv, engine_logprobs=train_set.engine_logprobs,
+            ref_logprobs=ref_lp, sample_ids=train_set.sample_ids, step=step,
+        )
+        t = time.perf_counter()
+        point_of_no_return()  # a SIGTERM from here on lets the step finish (preemption.py)
+        refs = [roles.trainer.train_step.remote(batch)]
+        if roles.critic is not None:
+            refs.append(roles.critic.train_step.remote(k_prompts, k_comps, token_stats.pop("returns"),
+                                                       token_stats.pop("values")))
+        for part in ray.get(refs):
+            train_metrics.update(part)
+        train_metrics.update(token_stats)
+        times["train"] = time.perf_counter() - t
+        t = time.perf_counter()
+        sync(roles)
+        times["sync"] = time.perf_counter() - t
+
+    total = time.perf_counter() - t_start
+    gen_tokens = sum(len(c) for c in generated.completions)
+    record = {
+        "step": step + 1,
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "accuracy": float((torch.tensor(generated.verifier) >= 1.0).float().mean()),
+        "response_length": gen_tokens / len(generated),
+        "kept_groups": len(train_set) // n,
+        "rollout_rounds": rounds,
+        "reward_failures": failures,
+        **failure_counts(generated.errors),
+        "tokens_per_s": gen_tokens / max(times["generate"], 1e-9),
+        "kl": train_metrics.get("kl", 0.0),
+        "entropy": train_metrics.get("entropy"),
+        "clip_fraction": train_metrics.get("clip_fraction"),
+        "loss": train_metrics.get("loss"),
+        "grad_norm": train_metrics.get("grad_norm"),
+        "lr": train_metrics.get("lr"),
+        "logprob_gap_mean": train_metrics.get("logprob_gap_mean"),
+        "logprob_gap_max": train_metrics.get("logprob_gap_max"),
+    }
+    for key in ("value_loss", "value_clip_fraction", "shaped_reward_mean"):
+        if key in train_metrics:
+            record[key] = train_metrics[key]
+    record.update(component_means({k: [c[k] for c in generated.components] for k in generated.components[0]}))
+    if cfg.reward.functions:
+        record.update(function_failure_counts([f.name for f in cfg.reward.functions], generated.function_errors))
+    samples = {"step": step + 1,
+               "samples": [[sid, it[3], float(r)] for sid, it, r in zip(generated.sample_ids, generated.items, rewards)],
+               "reward_errors": {sid: err for sid, err in zip(generated.sample_ids, generated.errors) if err is not None}}
+    for k in TIME_KEYS:
+        record[f"time/{k}"] = times[k]
+    record["time/other"] = max(0.0, total - sum(times.values()))
+    record["time/step"] = total
+    return record, samples
+
+
+def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp) -> tuple[list, dict]:
+    """Advantages for the training samples through algorithms.advantages, one per sample or one per token, and the
+    extra per-step numbers: the KL when it is part of the reward, PPO's critic values and returns."""
+    import ray
+
+    from posttrain.training.trainer import pad_rows
+
+    a = cfg.algorithm
+    rewards = shaped_rewards(cfg, batch)
+    stats: dict = {"shaped_reward_mean": float(rewards.mean())}
+    if uses_groups(a):
+        return compute_advantages(a, rewards).advantages.tolist(), stats
+    lengths = [len(c) for c in batch.completions]
+    T = max(1, max(lengths))
+    mask = pad_rows([[1.0] * k for k in lengths], T)
+    logprobs = pad_rows(batch.engine_logprobs, T)  # pi_old for the KL in the reward (gap to the trainer's: ~1e-7)
+    ref = pad_rows(ref_lp, T) if ref_lp is not None else None
+    values = None
+    if roles.critic is not None:
+        stats["values"] = ray.get(roles.critic.values.remote(batch.prompts, batch.completions))
+        values = pad_rows(stats["values"], T)
+    out = compute_advantages(a, rewards, mask=mask, logprobs=logprobs, ref_logprobs=ref, values=values)
+    if ref is not None:
+        stats["kl"] = float(((logprobs - ref) * mask).sum() / mask.sum())
+    if out.returns is not None:
+        stats["returns"] = [out.returns[i, :k].tolist() for i, k in enumerate(lengths)]
+    return [out.advantages[i, :k].tolist() for i, k in enumerate(lengths)], stats
