@@ -71,5 +71,5 @@ def test_compare_refuses_models_of_different_architectures(tiny_model_dir, suite
 
     other = build_tiny_model(tmp_path / "tiny-4m", "4m", seed=0)
     evaluator = ModelEvaluator(EngineSettings(kind="hf"), None)
-    with pytest.raises(PosttrainError, match="differ in config.json or tokenizer"):
+    with pytest.raises(PosttrainError, match="not one model family"):
         run_compare(tiny_model_dir, str(other), [suite_file], tmp_path / "cmp", evaluator, margin=0, alpha=0.05, seed=0)

@@ -184,12 +184,26 @@ class ModelEvaluator:
             self.engine_architecture = architecture_files(self.model_dir)
         elif self.engine_model != self.model_dir:
             if architecture_files(self.model_dir) != self.engine_architecture:
-                raise PosttrainError(
-                    f"compare: {self.model_dir} and {self.engine_model} differ in config.json or tokenizer",
-                    hint="compare checkpoints of one model family, or run `posttrain eval` on each separately",
-                )
+                self._check_same_family()
             self.engine.update_weights(weights_bytes(self.model_dir))
         self.engine_model = self.model_dir
+
+    def _check_same_family(self) -> None:
+        """config.json or tokenizer.json differ in bytes from the engine's model: the same family all the same when
+        they agree in what they do (transformers re-serializes every tokenizer it saves, so an SFT output differs
+        from its base in bytes only). The engine's model directory may be gone by now (checkpoint retention in the
+        loop); then the bytes are all there is to go by."""
+        from posttrain.models.family import family_differences
+
+        gone = not Path(self.engine_model).is_dir()
+        why = ["its directory is gone, and config.json or tokenizer.json differ in bytes"] if gone else \
+            family_differences(self.engine_model, self.model_dir)
+        if why:
+            raise PosttrainError(
+                f"compare: {self.model_dir} and {self.engine_model} are not one model family ({'; '.join(why)}): one "
+                "engine serves both by loading the second one's weights into the first one's architecture",
+                hint="compare checkpoints of one model family, or run `posttrain eval` on each separately",
+            )
 
     def run(self, suite: Suite) -> SuiteResult:
         key = cache_key(self.model_hash, suite, self.settings)
