@@ -168,6 +168,10 @@ from posttrain.cli_rm import rm_app  # noqa: E402
 
 app.add_typer(rm_app, name="rm")
 
+from posttrain.cli_review import review_app  # noqa: E402
+
+app.add_typer(review_app, name="review")
+
 from posttrain.cli_eval import compare_cmd, eval_cmd  # noqa: E402  (eval commands live in their own module)
 
 app.command("eval")(user_errors(eval_cmd))
