@@ -43,3 +43,26 @@ def warm_model_dir(tmp_path_factory, tiny_model_dir) -> str:
     result = run_sft(cfg, tiny_model_dir, str(out))
     assert result.heldout_accuracy > 0.02, f"SFT fixture too weak: {result}"
     return str(result.out_dir)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium (scripts/install_browser.sh; playwright never downloads a browser): its path."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "install_browser.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"installing Debian's chromium failed:\n{done.stderr}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    """One headless chromium per test module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])  # root in CI: no user namespaces
+        yield b
+        b.close()

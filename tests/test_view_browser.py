@@ -34,23 +34,6 @@ MARKS_JS = """() => Array.from(document.querySelectorAll('svg.chart')).map(svg =
 
 
 @pytest.fixture(scope="module")
-def chromium() -> str:
-    done = subprocess.run(["bash", str(REPO / "scripts" / "install_browser.sh")], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"installing Debian's chromium failed:\n{done.stderr}"
-    return done.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
-def browser(chromium):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])  # root in CI: no user namespaces
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
 def real_run(tmp_path_factory, warm_model_dir):
     """4 GRPO steps on Ray with the HF engine; evals at 0, 2, 4; checkpoints at 2 and 4; every sink on."""
     from posttrain.loop import train
