@@ -1,7 +1,8 @@
 """The run page in a real browser: Debian's chromium (installed by scripts/install_browser.sh, never downloaded by
 playwright) opens the page `posttrain view` built from a real short GRPO run (Ray, HF engine, every sink on), and
 the page is checked against the run's files: every plot drew marks, the numbers shown are metrics.jsonl's, the
-checkpoints and samples are the run's. A copy of the run cut mid-write is served and followed as it grows."""
+checkpoints and samples are the run's. A copy of the run cut mid-write is served and followed as it grows. The run
+also notifies a webhook server of the test's own (ops.notify)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -34,8 +36,30 @@ MARKS_JS = """() => Array.from(document.querySelectorAll('svg.chart')).map(svg =
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory, warm_model_dir):
-    """4 GRPO steps on Ray with the HF engine; evals at 0, 2, 4; checkpoints at 2 and 4; every sink on."""
+def webhook():
+    """A real HTTP server on 127.0.0.1 for the run's ops.notify: its URL and the JSON bodies received, in order."""
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/", received
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory, warm_model_dir, webhook):
+    """4 GRPO steps on Ray with the HF engine; evals at 0, 2, 4; checkpoints at 2 and 4; every sink on; every
+    notification to `webhook`."""
     from posttrain.loop import train
 
     cfg = load_config(None, [
@@ -43,7 +67,7 @@ def real_run(tmp_path_factory, warm_model_dir):
         # digits reward: partial credit gives every group reward variance, so every step trains (KL, entropy)
         "rollout.engine=hf", "algorithm.prompts_per_step=4", "algorithm.group_size=4", "task.reward=digits", "task.heldout_size=32",
         "train.steps=4", "eval.every=2", "checkpoint.every=2", "logging.progress=false",
-        "logging.sinks=[jsonl,tensorboard,mlflow,wandb]",
+        "logging.sinks=[jsonl,tensorboard,mlflow,wandb]", f"ops.notify=[{{url: '{webhook[0]}', events: [all]}}]",
     ])
     train(cfg, progress=False)
     return cfg.run_dir
@@ -68,6 +92,20 @@ def test_loop_passes_every_step_to_the_configured_sinks(real_run):
     run = MlflowClient(f"sqlite:///{real_run / 'mlflow.db'}").get_run(ids["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["checkpoint.latest"].endswith("step_000004")
     assert len(list((real_run / "wandb").glob(f"offline-run-*-{ids['wandb_run_id']}"))) == 1
+
+
+def test_the_run_notified_its_start_and_finish(real_run, webhook):
+    """ops.notify on a real run: the server got run_started then run_finished (nothing else fires here), both
+    recorded as delivered in notifications.jsonl."""
+    bodies = webhook[1]
+    assert [(b["event"], b["run"]) for b in bodies] == [("run_started", "viewed"), ("run_finished", "viewed")]
+    started, finished = bodies[0]["fields"], bodies[1]["fields"]
+    assert started["step"] == 0 and started["steps"] == 4 and len(started["config_fingerprint"]) == 16
+    assert finished["steps"] == 4 and finished["final_checkpoint"].endswith("step_000004")
+    assert finished["heldout_before"] is not None and finished["heldout_after"] is not None
+    records = [json.loads(l) for l in (real_run / "notifications.jsonl").read_text().splitlines()]
+    assert [(r["event"], r["outcome"], r["tries"]) for r in records] == [("run_started", "delivered", 1),
+                                                                         ("run_finished", "delivered", 1)]
 
 
 def test_finished_run_page_in_chromium(real_run, browser, tmp_path):

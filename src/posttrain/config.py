@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from posttrain.config_base import _Section
+# the ops section (notifications) lives in its own file, re-exported here like the reward sections
+from posttrain.config_ops import EVENTS, NotifyTarget, OpsConfig  # noqa: F401
 # the reward sections live in their own file; re-exported here, where every caller imports config from
 from posttrain.config_reward import JudgeConfig, RewardConfig, RewardFunctionConfig  # noqa: F401
 from posttrain.errors import PosttrainError
@@ -371,6 +373,7 @@ class RunConfig(_Section):
     alarms: AlarmsConfig = Field(default_factory=AlarmsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    ops: OpsConfig = Field(default_factory=OpsConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)

@@ -27,6 +27,7 @@ from posttrain.tasks import load_task
 from posttrain.tasks.base import answer_needed
 from posttrain.tasks.dataset import record_report
 from posttrain.tracking import MetricsWriter, open_run_log
+from posttrain.tracking.notify import Notifier
 from posttrain.training import checkpoint as ckpt
 
 @dataclass
@@ -137,9 +138,36 @@ def load_resume_state(cfg: RunConfig, warn, data: str | None = None) -> tuple[Pa
     return path, RunState.from_json(saved)
 
 
+def resume_command(cfg: RunConfig) -> str:
+    """The command that continues this run: its own resolved config, which the run dir keeps (prepare_run_dir)."""
+    return f"posttrain train {(cfg.run_dir / 'config.yaml').resolve()} --resume"
+
+
 def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dict:
     """Runs (or resumes) an online RL run (algorithm.name: grpo, dr_grpo, dapo, rloo, reinforce_pp, ppo) and returns its
-    summary (also written to runs/<name>/summary.json)."""
+    summary (also written to runs/<name>/summary.json). The run's end, whichever it is, goes to `ops.notify`."""
+    notifier = Notifier.from_config(cfg)
+    try:
+        summary = _train(cfg, resume, progress, notifier.emit)
+        notifier.emit("run_finished", steps=summary["steps"], heldout_before=summary["heldout_accuracy_before"],
+                      heldout_after=summary["heldout_accuracy_after"], wall_s=round(summary["train_wall_seconds"], 1),
+                      final_checkpoint=summary["final_checkpoint"], stopped_by_alarm=summary.get("stopped_by_alarm"),
+                      best_checkpoint=summary.get("best_checkpoint"))
+        return summary
+    except Preempted as e:
+        notifier.emit("run_preempted", step=e.step, checkpoint=e.checkpoint, abandoned_step=e.abandoned_step,
+                      resume=resume_command(cfg))
+        raise
+    except BaseException as e:  # KeyboardInterrupt too: whoever is paged needs to know the run is gone
+        last = ckpt.list_checkpoints(cfg.run_dir / "checkpoints")
+        notifier.emit("run_failed", error=f"{type(e).__name__}: {e}", last_checkpoint=last[-1] if last else None,
+                      resume=resume_command(cfg) if last else None)
+        raise
+    finally:
+        notifier.close()  # bounded wait (CLOSE_TIMEOUT_S): the final event is sent before the process exits
+
+
+def _train(cfg: RunConfig, resume: bool, progress: bool, notify) -> dict:
     import ray
 
     from posttrain.orchestration.roles import create_roles, destroy_roles, needed_cpus
@@ -182,6 +210,8 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         bar.log(f"resuming from {resume_path} (step {state.step}, data cursor {vars(state.cursor)})")
     state.reward_functions = {n: vars(src) for n, src in functions.items()}
     record_report(task, run_dir, bar.log)  # dataset tasks: runs/<name>/data_report.json, held-out overlap warning
+    notify("run_started", step=state.step, steps=cfg.train.steps, resumed_from=resume_path,
+           algorithm=cfg.algorithm.name, model=cfg.model.path, config_fingerprint=cfg.fingerprint(), run_dir=run_dir)
     if resume_path is not None and state.step >= cfg.train.steps:
         bar.log(f"run {cfg.name} is already at step {state.step} of train.steps={cfg.train.steps}: nothing to train "
                 "(raise train.steps to continue it)")
@@ -196,7 +226,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         from posttrain.rollout.one_step_off import OneStepOffRollout
 
         ahead = OneStepOffRollout(cfg, sampler, encoder)
-    alarms = LoopAlarms(cfg, tokenizer)  # reward-hacking alarms (alarms.rules), fed every step
+    alarms = LoopAlarms(cfg, tokenizer, notify)  # reward-hacking alarms (alarms.rules), fed every step
     in_loop = stopped_by = None
 
     started_ray = not ray.is_initialized()
@@ -206,7 +236,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     roles = None
     try:
         roles = create_roles(cfg, cfg.model.path)
-        in_loop = InLoopEval(cfg, roles.evaluator, bar.log) if roles.evaluator is not None else None
+        in_loop = InLoopEval(cfg, roles.evaluator, bar.log, notify) if roles.evaluator is not None else None
         alarms.attach(roles, encoder, task.heldout)
         if resume_path is not None:
             ray.get([roles.trainer.load.remote(str(resume_path))]

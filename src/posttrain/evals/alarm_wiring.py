@@ -49,7 +49,7 @@ def _finite(evidence: dict) -> dict:
 
 
 class LoopAlarms:
-    def __init__(self, cfg, tokenizer=None):
+    def __init__(self, cfg, tokenizer=None, notify=None):
         a = cfg.alarms
         if any(r.kind == "proxy_gold" for r in a.rules) and not cfg.reward.log_gold:
             raise PosttrainError("alarms.rules: proxy_gold compares the reward with reward/gold, which is logged "
@@ -80,6 +80,8 @@ class LoopAlarms:
         self.fired: list[FiredAlarm] = []
         self.heldout = None  # (cfg, roles, encoder, problems) once `attach`ed, for proxy_gold's held-out series
         self.rollbacks: list[dict] = []
+        self.notify = notify or (lambda event, **fields: None)  # ops.notify's Notifier.emit (alarm_fired)
+        self.firing: set[str] = set()  # kinds that fired on the last step: notified once, not on every step
 
     @property
     def enabled(self) -> bool:
@@ -137,6 +139,9 @@ class LoopAlarms:
         self.fired.extend(fired)
         for f in fired:
             extra[f"alarm/{f.kind}"] = {"action": f.action, **_finite(f.evidence)}
+            if f.kind not in self.firing:
+                self.notify("alarm_fired", step=f.step, kind=f.kind, action=f.action, evidence=_finite(f.evidence))
+        self.firing = {f.kind for f in fired}
         return extra
 
     def due_action(self, step: int) -> FiredAlarm | None:

@@ -84,10 +84,11 @@ class InLoopEval:
     """The driver's half. `submit(step, checkpoint_dir)` after each checkpoint; `poll()` every step returns the
     metrics records of evaluations that finished; `finish()` waits for what is still running."""
 
-    def __init__(self, cfg, actor, log=print):
+    def __init__(self, cfg, actor, log=print, notify=None):
         self.cfg = cfg
         self.actor = actor
         self.log = log
+        self.notify = notify or (lambda event, **fields: None)  # ops.notify's Notifier.emit (gate_regressed)
         self.run_dir = cfg.run_dir
         self.pending = None  # (step, checkpoint dir, ObjectRef)
         self.queued: tuple[int, Path] | None = None  # the newest checkpoint waiting for the actor
@@ -184,6 +185,11 @@ class InLoopEval:
             self.best = result
         record["eval/is_best"] = int(becomes_best)
         write_gate_file(path, record)
+        regressed = [ref for ref in ("vs_previous", "vs_best") if record.get(f"eval/{ref}/regressed")]
+        if regressed:
+            self.notify("gate_regressed", step=step, checkpoint=path.name, score=score, regressed=regressed,
+                        diffs={k.removeprefix("eval/"): v for k, v in record.items() if k.endswith("/diff")},
+                        best_step=self.best["step"])
         record["eval/best_step"] = self.best["step"]
         self.previous = result
         self.log(f"eval of step {step}: score {score:.3f}" + (" (new best)" if becomes_best else

@@ -90,10 +90,16 @@ def open_sinks(cfg, run_dir: Path, config: dict, resume_from_step: int | None) -
     return sinks
 
 
+def logged_config(cfg) -> dict:
+    """The run's config as the sinks get it: secret-named keys, passwords in URLs and secret env values redacted,
+    and the webhook URLs of ops.notify too (a Slack webhook URL is itself the credential)."""
+    return redact(cfg.to_dict(), secret_env_values(os.environ) + [t.url for t in cfg.ops.notify])
+
+
 def open_run_log(cfg, run_dir: str | Path, resume_from_step: int | None = None) -> RunLog:
     """metrics.jsonl plus the configured sinks, with the run's config (secrets redacted) already logged."""
     run_dir = Path(run_dir)
-    config = redact(cfg.to_dict(), secret_env_values(os.environ))
+    config = logged_config(cfg)
     jsonl = MetricsWriter(run_dir, resume_from_step=resume_from_step)
     run_log = RunLog(jsonl, open_sinks(cfg, run_dir, config, resume_from_step))
     run_log.log_config(config, yaml.safe_dump(config, sort_keys=False))
