@@ -332,7 +332,31 @@ CASES = [
     Case("from-run-fn-changed", "`eval --from-run` when the run's reward function file changed since the run",
          lambda t, m: _eval_from_run(t, m, lambda f: f.write_text(f.read_text() + "# edited\n")),
          "rewards.py) changed since the run: sha256"),
+    Case("notify-url-scheme", "`ops.notify` webhook URL that is not http(s)",
+         lambda t, m: _good(t, m, "ops.notify=[{url: ftp://example.com/hook}]"), "ops.notify.0.url"),
+    Case("notify-unknown-event", "`ops.notify` event name that does not exist",
+         lambda t, m: _good(t, m, "ops.notify=[{url: http://127.0.0.1:9/, events: [run_finishd]}]"),
+         "run_finishd"),
+    Case("review-prompts-missing", "`review new` with a prompts file that does not exist",
+         lambda t, m: ["review", "new", "--a", m, "--b", m, "--prompts", str(t / "nope.jsonl"), "--db",
+                       str(t / "r.db")], "nope.jsonl"),
+    Case("review-n-zero", "`review new --n 0`",
+         lambda t, m: ["review", "new", "--a", m, "--b", m, "--prompts", "addition", "--n", "0", "--db",
+                       str(t / "r.db")], "--n"),
+    Case("review-no-db", "`review results` with no review database at --db",
+         lambda t, m: ["review", "results", "demo", "--db", str(t / "none.db")], "no review database here"),
+    Case("review-unknown-session", "`review results` of a session that does not exist",
+         lambda t, m: ["review", "results", "nope", "--db", _review_db(t)], "unknown review session 'nope'"),
 ]
+
+
+def _review_db(tmp: Path) -> str:
+    """A review database holding one session, "demo"."""
+    from posttrain.review.store import NewItem, ReviewStore
+
+    store = ReviewStore(tmp / "r.db", create=True)
+    store.create_session("demo", "a", "b", "test", [NewItem("i0", "1+1=", "2", "3", "test")])
+    return str(tmp / "r.db")
 
 
 @pytest.fixture(scope="module")
