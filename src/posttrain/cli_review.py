@@ -57,6 +57,15 @@ def new(
     console.print(f"review it: posttrain review serve --db {db}", highlight=False)
 
 
+def _store_with(db: str, session: str):
+    """The review database at `db`, checked to hold `session` (an unknown one is an error naming the sessions)."""
+    from posttrain.review.store import ReviewStore
+
+    store = ReviewStore(db)
+    store.session(session)
+    return store
+
+
 def _num(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -97,10 +106,8 @@ def results(
 ):
     """B's win rate over A with a 95% CI, ties, both-bad, per source, reviewer agreement, scorer agreement."""
     from posttrain.review.results import score_session, session_results
-    from posttrain.review.store import ReviewStore
 
-    store = ReviewStore(db)
-    store.session(session)  # an unknown session fails before any model loads
+    store = _store_with(db, session)  # an unknown session fails before any model loads
     if rm or judge_url:
         for name in score_session(store, session, rm_dir=rm, judge_url=judge_url):
             console.print(f"scored with {name}", highlight=False)
@@ -126,12 +133,11 @@ def export(
 ):
     """The session's human-decided pairs as preference data and/or a held-out preference suite."""
     from posttrain.review.export import export_pairs, export_suite
-    from posttrain.review.store import ReviewInputError, ReviewStore
+    from posttrain.review.store import ReviewInputError
 
     if not pairs and not suite:
         raise ReviewInputError("give --pairs OUT.jsonl and/or --suite OUT.yaml")
-    store = ReviewStore(db)
-    store.session(session)
+    store = _store_with(db, session)
     log = lambda m: console.print(m, highlight=False)  # noqa: E731
     if pairs:
         console.print(f"wrote {export_pairs(store, session, pairs, log)} pairs to {pairs}", highlight=False)

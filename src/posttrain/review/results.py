@@ -13,6 +13,7 @@ from typing import Optional
 from posttrain.errors import PosttrainError
 from posttrain.review import stats
 from posttrain.review.store import Judgment, ReviewInputError, ReviewStore
+from posttrain.tasks.base import prompt_text
 
 
 def verdicts_by_item(judgments: list[Judgment]) -> dict[str, list[str]]:
@@ -66,13 +67,6 @@ def session_results(store: ReviewStore, session_id: str) -> dict:
     }
 
 
-def _prompt_text(prompt) -> str:
-    """A chat prompt as plain text for the judge's template ("role: content" per turn); a string as it is."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
-
-
 def score_session(store: ReviewStore, session_id: str, *, rm_dir: Optional[str] = None,
                   judge_url: Optional[str] = None) -> list[str]:
     """Scores both outputs of every item with a reward model (`rm_dir`, normalized scores: the `reward_model`
@@ -97,7 +91,7 @@ def score_session(store: ReviewStore, session_id: str, *, rm_dir: Optional[str] 
         scores = {}
         for it in items:
             # the reward model reads chat prompts through its chat template; the judge's template wants text
-            prompt = it.prompt if spec["type"] == "reward_model" else _prompt_text(it.prompt)
+            prompt = it.prompt if spec["type"] == "reward_model" else prompt_text(it.prompt)
             record = {"id": it.id}
             scores[it.id] = (scorer(prompt, it.output_a, record), scorer(prompt, it.output_b, record))
         store.save_scores(session_id, name, scores)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from posttrain.errors import PosttrainError
 from posttrain.review.store import ReviewInputError, Text
-from posttrain.view.data import read_jsonl
+from posttrain.view.data import fired_alarms, read_jsonl
 
 PER_PAGE = 50  # samples per page: runs log thousands (prompts_per_step * group_size per step)
 
@@ -104,12 +104,8 @@ def read_samples(run_dir: Path) -> tuple[list[Sample], list[str]]:
 def alarm_steps(run_dir: Path) -> dict[int, list[str]]:
     """step -> names of the alarms that fired there (a metrics.jsonl `alarm/<name>` key with a true, non-zero or
     non-empty value), as the run viewer counts them."""
-    out: dict[int, list[str]] = {}
-    for m in read_jsonl(run_dir / "metrics.jsonl", []):
-        for k, v in m.items():
-            if k.startswith("alarm/") and v not in (None, False, 0, 0.0, "", [], {}):
-                out.setdefault(int(m.get("step", 0)), []).append(k.removeprefix("alarm/"))
-    return out
+    fired = fired_alarms(read_jsonl(run_dir / "metrics.jsonl", []))
+    return {step: list(names) for step, names in fired.items()}
 
 
 def find_sample(run_dir: Path, step: int, sample_id: str) -> Sample:

@@ -2,7 +2,7 @@
 token, since the page shows model outputs and stores judgments for whoever can reach it.
 
     python -m posttrain.review.server --db review.db --port 8780             # this machine only
-    POSTTRAIN_REVIEW_TOKEN=... python -m posttrain.review.server --db review.db --host 0.0.0.0
+    POSTTRAIN_REVIEW_TOKEN=... python -m posttrain.review.server --db review.db --host <this machine's LAN address>
 """
 
 from __future__ import annotations

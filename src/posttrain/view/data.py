@@ -53,13 +53,7 @@ class RunView:
 
     @property
     def alarms(self) -> dict[int, dict[str, object]]:
-        """step -> {alarm name: value} for every `alarm/*` key that fired (a true, non-zero or non-empty value)."""
-        out: dict[int, dict[str, object]] = {}
-        for m in self.metrics:
-            for k, v in m.items():
-                if k.startswith("alarm/") and v not in (None, False, 0, 0.0, "", [], {}):
-                    out.setdefault(int(m.get("step", 0)), {})[k.removeprefix("alarm/")] = v
-        return out
+        return fired_alarms(self.metrics)
 
     @property
     def finished(self) -> bool:
@@ -68,6 +62,17 @@ class RunView:
     @property
     def total_steps(self) -> int | None:
         return (self.config.get("train") or {}).get("steps")
+
+
+def fired_alarms(metrics: list[dict]) -> dict[int, dict[str, object]]:
+    """step -> {alarm name: value} for every `alarm/*` key of metrics.jsonl that fired (a true, non-zero or
+    non-empty value)."""
+    out: dict[int, dict[str, object]] = {}
+    for m in metrics:
+        for k, v in m.items():
+            if k.startswith("alarm/") and v not in (None, False, 0, 0.0, "", [], {}):
+                out.setdefault(int(m.get("step", 0)), {})[k.removeprefix("alarm/")] = v
+    return out
 
 
 def read_jsonl(path: Path, notes: list[str]) -> list[dict]:
