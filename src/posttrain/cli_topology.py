@@ -101,16 +101,35 @@ def register(app: typer.Typer, user_errors) -> None:
         hours: str = typer.Option("100,500,1000,2000,5000,10000,20000,50000", "--hours",
                                   help="GPU-hours per month for the table, comma-separated."),
         out: str = typer.Option("runs/cost", "--out", help="Directory for cost.json and cost.png."),
+        runs: list[str] = typer.Option(None, "--runs", help="Run directories (comma-separated or repeated) whose "
+                                       "interruptions.jsonl measures the on-call line; without, it is an assumption."),
+        intervention_minutes: Optional[float] = typer.Option(None, "--intervention-minutes",
+                                                             help="A person's minutes per interruption (assumption)."),
+        response_hours: Optional[str] = typer.Option(None, "--response-hours", help="WORKING,OFF: hours until a "
+                                                     "person restarts a stopped run, in and out of working hours."),
+        utc_offset: Optional[float] = typer.Option(None, "--utc-offset", help="The team's time zone, hours from UTC "
+                                                   "(tells working hours from nights)."),
     ):
-        """Build vs buy: monthly cost of renting vs running your own cluster, the break-even, a table and a plot."""
+        """Build vs buy: monthly cost of renting vs running your own cluster, the break-even, a table and a plot;
+        with --runs, the runs' interruptions (recovered device-hours, interventions avoided) and a measured on-call."""
         from posttrain.cost.report import cost_report
+        from posttrain.errors import PosttrainError
 
         overrides = dict(capex_usd_per_gpu=capex, amortization_months=amortization_months,
                          power_hosting_usd_per_gpu_month=power_hosting, utilization=utilization,
                          platform_engineers=engineers, engineer_usd_per_year=salary, on_call_usd_per_month=on_call,
                          preemption_overhead=preemption, managed_usd_per_gpu_hour=price)
+        on_call = dict(minutes_per_intervention=intervention_minutes, utc_offset_hours=utc_offset)
+        if response_hours is not None:
+            try:
+                on_call["response_hours_working"], on_call["response_hours_off"] = map(float, response_hours.split(","))
+            except ValueError:
+                raise PosttrainError(f"--response-hours {response_hours!r}: give WORKING,OFF in hours, "
+                                     "e.g. 0.5,8") from None
         cost_report(console, gpu=gpu, provider=provider, kind=kind, price_file=prices, hours=hours, out=out,
-                    overrides={k: v for k, v in overrides.items() if v is not None})
+                    overrides={k: v for k, v in overrides.items() if v is not None},
+                    runs=[d for arg in runs or [] for d in arg.split(",") if d.strip()],
+                    on_call_overrides={k: v for k, v in on_call.items() if v is not None})
 
     @app.command()
     @user_errors

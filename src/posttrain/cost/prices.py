@@ -1,10 +1,10 @@
 """The versioned price file (prices.yaml beside this module, or a user's own with the same layout): rows of
-$/GPU-hour with a source and a date each, and the self-run defaults. Loaded and checked here; the math is in
-build_vs_buy.py."""
+$/GPU-hour with a source and a date each, the self-run defaults and the on-call assumptions. Loaded and checked
+here; the math is in build_vs_buy.py and oncall.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -34,6 +34,8 @@ class PriceFile:
     self_run: dict[str, float]
     managed: dict[str, float]
     path: str
+    on_call: dict[str, float] = field(default_factory=dict)  # assumptions for `posttrain cost --runs` (oncall.py)
+    sources: dict[str, str] = field(default_factory=dict)  # "section.key" -> the value's source, e.g. "assumption: ..."
 
     def price(self, gpu: str | None = None, provider: str | None = None, kind: str = "on_demand") -> PriceRow:
         gpu, provider = gpu or self.default_gpu, provider or self.default_provider
@@ -64,13 +66,20 @@ def load_prices(path: str | Path | None = None) -> PriceFile:
             raise PosttrainError(f"price file {p}, row {i}: usd_per_gpu_hour={price!r} must be a positive number")
         rows.append(PriceRow(**{k: (str(row[k]) if k != "usd_per_gpu_hour" else float(price)) for k in ROW_KEYS}))
 
+    sources = {}
+
     def values(section: str) -> dict[str, float]:
         out = {}
         for k, v in (data.get(section) or {}).items():
             if not isinstance(v, dict) or "value" not in v or not v.get("source"):
                 raise PosttrainError(f"price file {p}: {section}.{k} needs a value and a source")
-            out[k] = float(v["value"])
+            try:
+                out[k] = float(v["value"])
+            except (TypeError, ValueError):
+                raise PosttrainError(f"price file {p}: {section}.{k}.value={v['value']!r} must be a number") from None
+            sources[f"{section}.{k}"] = str(v["source"])
         return out
 
     return PriceFile(str(data.get("version", "")), str(data.get("default_gpu", "H100")),
-                     str(data.get("default_provider", "")), rows, values("self_run"), values("managed"), str(p))
+                     str(data.get("default_provider", "")), rows, values("self_run"), values("managed"), str(p),
+                     values("on_call"), sources)
