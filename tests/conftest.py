@@ -1,9 +1,14 @@
 """Shared fixtures: tiny models built locally (no hub), and an SFT-warm-started one for loop tests (the random
-model never solves a problem, so its GRPO groups would carry no signal)."""
+model never solves a problem, so its GRPO groups would carry no signal), and a real webhook server on 127.0.0.1
+for the tests of ops.notify."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -66,3 +71,55 @@ def browser(chromium):
         b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])  # root in CI: no user namespaces
         yield b
         b.close()
+
+
+class Webhook:
+    """A real HTTP server on 127.0.0.1 recording every POST as (path, JSON body); the first answer can be late."""
+
+    def __init__(self, delay_first: float = 0.0, status: int = 200):
+        self.received: list[tuple[str, dict]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                hook.received.append((self.path, body))
+                if len(hook.received) == 1 and delay_first:
+                    time.sleep(delay_first)
+                try:
+                    self.send_response(status)
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:  # the client gave up on the late answer
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def make_webhook():
+    """Starts Webhook(**kwargs) servers for a test; all are closed after it."""
+    hooks = []
+
+    def make(**kwargs) -> Webhook:
+        hooks.append(Webhook(**kwargs))
+        return hooks[-1]
+
+    yield make
+    for hook in hooks:
+        hook.close()
+
+
+@pytest.fixture
+def webhook(make_webhook):
+    return make_webhook()

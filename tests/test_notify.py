@@ -1,6 +1,7 @@
 """Webhook notifications (ops.notify) against a real HTTP server on 127.0.0.1 that each test starts: both body
 formats, a server that is down, one that is slow, redaction of secrets, the config's bad inputs, and the hooks in
-the alarms, the in-loop gate and the run's failure path. No mocks: every body crosses a real socket."""
+the alarms, the in-loop gate and the run's failure path. No mocks: every body crosses a real socket (the server is
+conftest.py's Webhook)."""
 
 from __future__ import annotations
 
@@ -8,55 +9,13 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from posttrain.config import load_config
 from posttrain.errors import PosttrainError
 from posttrain.tracking.notify import Notifier
-
-
-class Webhook:
-    """A real HTTP server recording every POST as (path, JSON body); the first answer can be late."""
-
-    def __init__(self, delay_first: float = 0.0, status: int = 200):
-        self.received: list[tuple[str, dict]] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                hook.received.append((self.path, body))
-                if len(hook.received) == 1 and delay_first:
-                    time.sleep(delay_first)
-                try:
-                    self.send_response(status)
-                    self.end_headers()
-                    self.wfile.write(b"ok")
-                except OSError:  # the client gave up on the late answer
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def webhook():
-    hook = Webhook()
-    yield hook
-    hook.close()
 
 
 def _cfg(tmp_path, targets: str, *extra: str):
@@ -115,16 +74,13 @@ def test_server_down_retries_with_backoff_then_records_failure_and_never_blocks(
     assert "SECRETPATH" not in err and "SECRETPATH" not in (cfg.run_dir / "notifications.jsonl").read_text()
 
 
-def test_slow_server_is_delivered_on_retry(tmp_path):
-    hook = Webhook(delay_first=1.5)  # the first answer comes after the client's 0.5 s timeout
-    try:
-        cfg = _cfg(tmp_path, f"{{url: '{hook.url}/'}}", "ops.notify_timeout_s=0.5", "ops.notify_retries=2",
-                   "ops.notify_backoff_s=0.1")
-        n = Notifier.from_config(cfg, environ={})
-        n.emit("run_preempted", step=3, resume="posttrain train runs/r1/config.yaml --resume")
-        n.close(timeout=30)
-    finally:
-        hook.close()
+def test_slow_server_is_delivered_on_retry(tmp_path, make_webhook):
+    hook = make_webhook(delay_first=1.5)  # the first answer comes after the client's 0.5 s timeout
+    cfg = _cfg(tmp_path, f"{{url: '{hook.url}/'}}", "ops.notify_timeout_s=0.5", "ops.notify_retries=2",
+               "ops.notify_backoff_s=0.1")
+    n = Notifier.from_config(cfg, environ={})
+    n.emit("run_preempted", step=3, resume="posttrain train runs/r1/config.yaml --resume")
+    n.close(timeout=30)
     (rec,) = _records(cfg)
     assert rec["outcome"] == "delivered" and rec["tries"] == 2 and rec["status"] == 200 and rec["error"] is None
     assert len(hook.received) == 2 and hook.received[1][1]["fields"]["step"] == 3

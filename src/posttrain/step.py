@@ -13,6 +13,7 @@ from posttrain.algorithms.dapo import fill_groups
 from posttrain.algorithms.grpo import nonzero_variance_groups
 from posttrain.config import RunConfig
 from posttrain.models.loading import PromptEncoder
+from posttrain.orchestration.watchdog import watched_get
 from posttrain.preemption import point_of_no_return
 from posttrain.rewards.functions import function_failure_counts
 from posttrain.rewards.scoring import component_means, score_batch
@@ -39,7 +40,7 @@ def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, 
     spec = SamplingSpec(n=n, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                         top_p=cfg.rollout.top_p)
     t = time.perf_counter()
-    groups = generate_on_workers(roles.rollout, prompts, spec, seeds, rollout_resync(roles))
+    groups = generate_on_workers(roles.rollout, prompts, spec, seeds, rollout_resync(roles), watchdog=roles.watchdog)
     times["generate"] += time.perf_counter() - t
 
     # Flatten group by group; a sample's id is (step, prompt_id, sample_index).
@@ -108,8 +109,6 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
                 times: dict, t_start: float, sync=sync_weights) -> tuple[dict, dict]:
     """The rest of a step once its samples are scored: reference, advantages, train, `sync(roles)`, and the
     step's metrics and samples (see `run_step`). rollout/one_step_off.py calls it with its own rollouts."""
-    import ray
-
     a = cfg.algorithm
     n = a.group_size
     rewards = torch.tensor(generated.rewards, dtype=torch.float32)
@@ -121,7 +120,8 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
         ref_lp = None
         if roles.reference is not None:
             t = time.perf_counter()
-            ref_lp = ray.get(roles.reference.logprobs.remote(k_prompts, k_comps))
+            ref_lp = watched_get(roles.watchdog, [(roles.reference.logprobs.remote(k_prompts, k_comps), "reference",
+                                                   "reference")])[0]
             times["reference"] = time.perf_counter() - t
         adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
         batch = TrainBatch(
@@ -130,11 +130,11 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
         )
         t = time.perf_counter()
         point_of_no_return()  # a SIGTERM from here on lets the step finish (preemption.py)
-        refs = [roles.trainer.train_step.remote(batch)]
+        calls = [(roles.trainer.train_step.remote(batch), "train", "trainer")]
         if roles.critic is not None:
-            refs.append(roles.critic.train_step.remote(k_prompts, k_comps, token_stats.pop("returns"),
-                                                       token_stats.pop("values")))
-        for part in ray.get(refs):
+            calls.append((roles.critic.train_step.remote(k_prompts, k_comps, token_stats.pop("returns"),
+                                                         token_stats.pop("values")), "train", "critic"))
+        for part in watched_get(roles.watchdog, calls):
             train_metrics.update(part)
         train_metrics.update(token_stats)
         times["train"] = time.perf_counter() - t
@@ -173,6 +173,8 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
     samples = {"step": step + 1,
                "samples": [[sid, it[3], float(r)] for sid, it, r in zip(generated.sample_ids, generated.items, rewards)],
                "reward_errors": {sid: err for sid, err in zip(generated.sample_ids, generated.errors) if err is not None}}
+    if roles.watchdog is not None:
+        record["hangs"] = roles.watchdog.hangs  # so far in this process (runs/<name>/interruptions.jsonl: each one)
     for k in TIME_KEYS:
         record[f"time/{k}"] = times[k]
     record["time/other"] = max(0.0, total - sum(times.values()))
@@ -183,8 +185,6 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
 def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp) -> tuple[list, dict]:
     """Advantages for the training samples through algorithms.advantages, one per sample or one per token, and the
     extra per-step numbers: the KL when it is part of the reward, PPO's critic values and returns."""
-    import ray
-
     from posttrain.training.trainer import pad_rows
 
     a = cfg.algorithm
@@ -199,7 +199,8 @@ def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp) -> tuple[
     ref = pad_rows(ref_lp, T) if ref_lp is not None else None
     values = None
     if roles.critic is not None:
-        stats["values"] = ray.get(roles.critic.values.remote(batch.prompts, batch.completions))
+        stats["values"] = watched_get(roles.watchdog, [(roles.critic.values.remote(batch.prompts, batch.completions),
+                                                        "values", "critic")])[0]
         values = pad_rows(stats["values"], T)
     out = compute_advantages(a, rewards, mask=mask, logprobs=logprobs, ref_logprobs=ref, values=values)
     if ref is not None:

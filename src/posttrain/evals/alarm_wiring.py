@@ -104,7 +104,7 @@ class LoopAlarms:
         prompts = [encoder.encode(p.prompt) for p in problems]
         spec = SamplingSpec(n=1, max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0)
         outs = [o[0] for o in generate_on_workers(roles.rollout, prompts, spec, [0] * len(prompts),
-                                                  rollout_resync(roles))]
+                                                  rollout_resync(roles), watchdog=roles.watchdog, kind="alarm_probe")]
         items = [(p.id, p.prompt, p.answer, encoder.decode_completion(o.token_ids)) for p, o in zip(problems, outs)]
         scored = score_batch(self.cfg, roles, items, [len(o.token_ids) for o in outs], roles.judge,
                              completion_ids=[list(o.token_ids) for o in outs], step="heldout",

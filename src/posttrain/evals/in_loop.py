@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 
 from posttrain.evals.compare import compare_suites
+from posttrain.orchestration.stacks import ActorProcess
+from posttrain.orchestration.watchdog import watched_get
 from posttrain.training import checkpoint as ckpt
 
 
-class CheckpointEvaluator:
+class CheckpointEvaluator(ActorProcess):
     """The evaluator role (a Ray actor): one engine, reused for every checkpoint by loading its weights in place."""
 
     def __init__(self, suites: list[str], engine: dict, cache_dir: str | None = None, run_dir: str | None = None):
@@ -82,15 +84,18 @@ def write_gate_file(checkpoint_dir: Path, record: dict) -> None:
 
 class InLoopEval:
     """The driver's half. `submit(step, checkpoint_dir)` after each checkpoint; `poll()` every step returns the
-    metrics records of evaluations that finished; `finish()` waits for what is still running."""
+    metrics records of evaluations that finished; `finish()` waits for what is still running. With a `watchdog`
+    (orchestration/watchdog.py), an evaluation running past its bound is a hang (the evaluator is killed and
+    RolesLost raised)."""
 
-    def __init__(self, cfg, actor, log=print, notify=None):
+    def __init__(self, cfg, actor, log=print, notify=None, watchdog=None):
         self.cfg = cfg
         self.actor = actor
+        self.watchdog = watchdog
         self.log = log
         self.notify = notify or (lambda event, **fields: None)  # ops.notify's Notifier.emit (gate_regressed)
         self.run_dir = cfg.run_dir
-        self.pending = None  # (step, checkpoint dir, ObjectRef)
+        self.pending = None  # (step, checkpoint dir, ObjectRef, submitted at: monotonic seconds)
         self.queued: tuple[int, Path] | None = None  # the newest checkpoint waiting for the actor
         for stale in (self.run_dir / "checkpoints").glob(f"*/{ckpt.HOLD}"):  # left by a run that died
             stale.unlink()
@@ -125,24 +130,27 @@ class InLoopEval:
         (Path(checkpoint_dir) / ckpt.HOLD).touch()  # retention keeps it until the result is in
         if self.pending is None:
             ref = self.actor.evaluate.remote(step, str(Path(checkpoint_dir) / "model"))
-            self.pending = (step, Path(checkpoint_dir), ref)
+            self.pending = (step, Path(checkpoint_dir), ref, time.monotonic())
         else:  # one evaluation at a time; of the checkpoints saved meanwhile only the newest is evaluated
             if self.queued is not None:
                 (self.queued[1] / ckpt.HOLD).unlink(missing_ok=True)
             self.queued = (step, Path(checkpoint_dir))
 
     def poll(self, block: bool = False) -> list[dict]:
-        import ray
-
         records = []
         while self.pending is not None:
-            step, path, ref = self.pending
-            ready, _ = ray.wait([ref], timeout=None if block else 0)
-            if not ready:
+            step, path, ref, submitted = self.pending
+            try:
+                got = watched_get(self.watchdog, [(ref, "eval", "evaluator")], submitted, block)
+            except BaseException:  # as when the result arrives: the checkpoint is no longer held for it
+                self.pending = None
+                (path / ckpt.HOLD).unlink(missing_ok=True)
+                raise
+            if got is None:
                 break
             self.pending = None
             try:
-                records.append(self._gate(ray.get(ref), path))
+                records.append(self._gate(got[0], path))
             finally:
                 (path / ckpt.HOLD).unlink(missing_ok=True)
             if self.queued is not None:

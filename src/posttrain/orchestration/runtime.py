@@ -25,6 +25,15 @@ QUIET_ACTOR_ENV = {
 }
 
 
+def actor_env() -> dict[str, str]:
+    """Every actor's environment variables: QUIET_ACTOR_ENV, and a recovery test's POSTTRAIN_FAULTS_DIR
+    (orchestration/faults.py) when the driver has one: on a joined cluster the workers do not inherit the driver's
+    environment."""
+    from posttrain.orchestration.faults import ENV
+
+    return {**QUIET_ACTOR_ENV, **({ENV: os.environ[ENV]} if os.environ.get(ENV) else {})}
+
+
 def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
     """Starts an embedded cluster with enough logical CPUs for the roles (they run phase by phase, so logical
     CPUs may exceed cores), or connects to cfg.address."""
@@ -35,7 +44,7 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cfg.address:
         try:
-            ray.init(address=cfg.address, log_to_driver=cfg.log_to_driver, runtime_env={"env_vars": QUIET_ACTOR_ENV})
+            ray.init(address=cfg.address, log_to_driver=cfg.log_to_driver, runtime_env={"env_vars": actor_env()})
         except Exception as e:  # noqa: BLE001 — surfaces as one clear message
             raise PosttrainError(
                 f"ray.address: could not join the Ray cluster at {cfg.address}: {e}",
@@ -51,7 +60,7 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
         log_to_driver=cfg.log_to_driver,
         configure_logging=True,
         logging_level="warning",
-        runtime_env={"env_vars": QUIET_ACTOR_ENV},
+        runtime_env={"env_vars": actor_env()},
     )
 
 

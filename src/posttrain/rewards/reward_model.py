@@ -10,6 +10,8 @@ each member's, from which the loop measures their disagreement.
 
 from __future__ import annotations
 
+from posttrain.orchestration.stacks import ActorProcess
+
 
 class _Member:
     def __init__(self, model_dir: str, chat_template: str, field: str):
@@ -22,7 +24,7 @@ class _Member:
         self.max_len = int(getattr(self.model.config, "max_position_embeddings", 512) or 512)
 
 
-class RewardModel:
+class RewardModel(ActorProcess):
     def __init__(self, model_dir: str | list[str], threads: int = 1, chat_template: str = "auto",
                  batch_size: int = 64):
         import torch

@@ -31,11 +31,11 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
     """items: (problem_id, prompt, answer, completion_text) per sample; completion_tokens: their lengths.
     completion_ids, sample_ids, the dataset row's other columns (one dict per sample) and step are what reward
     functions (reward.functions) are given and name in errors."""
-    import ray
+    from posttrain.orchestration.watchdog import watched_get
 
     w = dict(cfg.reward.weights)
     texts = [it[3] for it in items]
-    refs = {"verifier": roles.reward.score.remote(items)}
+    calls = {"verifier": (roles.reward.score.remote(items), "reward", "reward")}
     if cfg.reward.functions:  # in the reward worker, each in its own child process, while the verifier scores
         w.update({f.name: f.weight for f in cfg.reward.functions})
         ids = sample_ids or [f"{step}/{it[0]}/{i}" for i, it in enumerate(items)]
@@ -43,16 +43,17 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
                  "completion_ids": completion_ids[i] if completion_ids is not None else None,
                  "columns": columns[i] if columns is not None else {}}
                 for i, (it, sid) in enumerate(zip(items, ids))]
-        refs["functions"] = roles.reward.score_functions.remote(rows, step)
+        calls["functions"] = (roles.reward.score_functions.remote(rows, step), "reward_functions", "reward")
     if w.get("rm"):
-        refs["rm"] = roles.reward_model.member_scores.remote([(it[1], it[3]) for it in items])
+        calls["rm"] = (roles.reward_model.member_scores.remote([(it[1], it[3]) for it in items]), "reward",
+                       "reward_model")
     components: dict[str, list[float]] = {}
     errors: list[str | None] = [None] * len(items)
     if w.get("judge"):  # HTTP from the driver while the actors score
         judged = judge.results([(prompt_text(it[1]), it[3]) for it in items])
         components["judge"] = [r.reward for r in judged]
         errors = [None if r.error is None else f"judge: {r.error}" for r in judged]
-    got = dict(zip(refs, ray.get(list(refs.values()))))
+    got = dict(zip(calls, watched_get(roles.watchdog, list(calls.values()))))
     scored = got["verifier"]
     components["verifier"] = [r for r, _ in scored]
     errors = [v_err or j_err for (_, v_err), j_err in zip(scored, errors)]

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from posttrain.errors import PosttrainError
+from posttrain.orchestration.faults import maybe_wedge
+from posttrain.orchestration.stacks import ActorProcess
 from posttrain.tasks.base import Problem, Task
 
 FAILURE_KINDS = ("exception", "timeout", "nan", "type")
@@ -155,7 +157,7 @@ class IsolatedScorer:
         self.child.close()
 
 
-class RewardWorker:
+class RewardWorker(ActorProcess):
     """The reward role for verifiable tasks. Made a Ray actor by the driver; holds the task's problems by id."""
 
     def __init__(self, cfg_dict: dict):
@@ -175,6 +177,7 @@ class RewardWorker:
 
     def score(self, items: list[tuple[str, str, str, str]]) -> list[tuple[float, str | None]]:
         """items: (problem_id, prompt, answer, completion_text) -> (reward, error) per item."""
+        maybe_wedge("reward")  # a recovery test's hang (orchestration/faults.py); nothing otherwise
         out = []
         for pid, prompt, answer, text in items:
             r = self.scorer.score(Problem(pid, prompt, answer), text)

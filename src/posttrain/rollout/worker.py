@@ -21,6 +21,8 @@ import math
 import os
 import time
 
+from posttrain.orchestration.faults import maybe_wedge
+from posttrain.orchestration.stacks import ActorProcess
 from posttrain.rollout.engine import Completion, SamplingSpec, make_engine
 
 
@@ -38,13 +40,14 @@ def rollout_worker_env(kv_cache_gb: float) -> dict[str, str]:
     }
 
 
-class RolloutWorker:
+class RolloutWorker(ActorProcess):
     """Owns one engine (`engine_kind` "vllm" or "hf") on `model_dir`; `engine_kwargs` go to `make_engine`."""
 
     def __init__(self, engine_kind: str, model_dir: str, engine_kwargs: dict | None = None):
         self.engine = make_engine(engine_kind, model_dir, **(engine_kwargs or {}))
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
+        maybe_wedge("generate")  # a recovery test's hang (orchestration/faults.py); nothing otherwise
         return self.engine.generate(prompts, spec, seeds)
 
     def update_weights(self, payload) -> float:

@@ -12,6 +12,7 @@ import torch
 from posttrain.algorithms.ppo import clipped_value_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import check_model_dir, load_tokenizer
+from posttrain.orchestration.stacks import ActorProcess
 from posttrain.training.batch import PackedBatch, at_completion_positions, pack
 
 CRITIC_DIR = "critic"
@@ -25,7 +26,7 @@ def load_value_model(path: str | Path, dtype: str):
     return AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, dtype=getattr(torch, dtype))
 
 
-class Critic:
+class Critic(ActorProcess):
     def __init__(self, cfg_dict: dict, model_dir: str):
         self.cfg = RunConfig.model_validate(cfg_dict)
         torch.set_num_threads(self.cfg.topology.torch_threads)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from posttrain.algorithms.grpo import clipped_policy_loss
+from posttrain.orchestration.faults import maybe_wedge
 from posttrain.training.batch import completion_logprobs
 from posttrain.training.trainer import TRAINER_STATE, Trainer, TrainBatch, _jsonable, _select, _tuplify
 
@@ -105,6 +106,7 @@ class ShardedTrainer(Trainer):
     # ------------------------------------------------------------------ training
 
     def train_step(self, batch: TrainBatch) -> dict:
+        maybe_wedge("train")  # a recovery test's hang (orchestration/faults.py); the other ranks wait in a collective
         a = self.cfg.algorithm
         temp = self.cfg.rollout.temperature or 1.0
         W, r = self.world_size, self.rank

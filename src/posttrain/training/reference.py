@@ -7,10 +7,11 @@ import torch
 
 from posttrain.config import RunConfig
 from posttrain.models.loading import load_causal_lm
+from posttrain.orchestration.stacks import ActorProcess
 from posttrain.training.batch import completion_logprobs, pack
 
 
-class ReferenceModel:
+class ReferenceModel(ActorProcess):
     def __init__(self, cfg_dict: dict, model_dir: str):
         self.cfg = RunConfig.model_validate(cfg_dict)
         torch.set_num_threads(self.cfg.topology.torch_threads)

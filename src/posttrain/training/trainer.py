@@ -15,6 +15,8 @@ from posttrain.algorithms.advantages import kl_in_reward
 from posttrain.algorithms.grpo import clipped_policy_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import load_causal_lm
+from posttrain.orchestration.faults import maybe_wedge
+from posttrain.orchestration.stacks import ActorProcess
 from posttrain.algorithms.off_policy import behaviour_logprobs
 from posttrain.training.batch import PackedBatch, completion_logprobs, pack
 
@@ -61,7 +63,7 @@ def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
-class Trainer:
+class Trainer(ActorProcess):
     def __init__(self, cfg_dict: dict, model_dir: str):
         self.cfg = RunConfig.model_validate(cfg_dict)
         torch.set_num_threads(self.cfg.topology.torch_threads)
@@ -96,6 +98,7 @@ class Trainer:
         )
 
     def train_step(self, batch: TrainBatch) -> dict:
+        maybe_wedge("train")  # a recovery test's hang (orchestration/faults.py); nothing otherwise
         a = self.cfg.algorithm
         temp = self.cfg.rollout.temperature or 1.0
         x = self._step_inputs(batch)
