@@ -337,6 +337,12 @@ CASES = [
     Case("notify-unknown-event", "`ops.notify` event name that does not exist",
          lambda t, m: _good(t, m, "ops.notify=[{url: http://127.0.0.1:9/, events: [run_finishd]}]"),
          "run_finishd"),
+    Case("workers-range-min-over-max", "`rollout.num_workers` range with MIN greater than MAX",
+         lambda t, m: _good(t, m, "rollout.num_workers=3..1"), "MIN 3 is greater than MAX 1"),
+    Case("workers-range-min-zero", "`rollout.num_workers` range with MIN 0",
+         lambda t, m: _good(t, m, "rollout.num_workers=0..2"), "MIN must be at least 1"),
+    Case("hang-factor", "`ops.hang_factor` of 1 or less",
+         lambda t, m: _good(t, m, "ops.hang_factor=1"), "ops.hang_factor=1.0: must be > 1"),
     Case("review-prompts-missing", "`review new` with a prompts file that does not exist",
          lambda t, m: ["review", "new", "--a", m, "--b", m, "--prompts", str(t / "nope.jsonl"), "--db",
                        str(t / "r.db")], "nope.jsonl"),
@@ -347,7 +353,22 @@ CASES = [
          lambda t, m: ["review", "results", "demo", "--db", str(t / "none.db")], "no review database here"),
     Case("review-unknown-session", "`review results` of a session that does not exist",
          lambda t, m: ["review", "results", "nope", "--db", _review_db(t)], "unknown review session 'nope'"),
+    # --- posttrain cost --runs (the on-call line from measured interruptions)
+    Case("cost-runs-not-a-run", "`cost --runs` on a directory that is not a run",
+         lambda t, m: ["cost", "--runs", str(t), "--out", str(t / "out")], "not a run directory (no config.yaml in it)"),
+    Case("cost-runs-no-steps", "`cost --runs` on a run that trained no step (no device-hours to measure against)",
+         lambda t, m: ["cost", "--runs", _run_without_steps(t), "--out", str(t / "out")],
+         "no step times in metrics.jsonl"),
+    Case("cost-response-hours", "`cost --response-hours` that is not WORKING,OFF",
+         lambda t, m: ["cost", "--response-hours", "8", "--out", str(t / "out")], "--response-hours '8': give WORKING,OFF"),
 ]
+
+
+def _run_without_steps(tmp: Path) -> str:
+    """A run directory as `train` leaves it when it stops before its first step: config.yaml, no step metrics."""
+    _config(tmp, "name: r\n", "config.yaml")
+    _data_file(tmp, "metrics.jsonl", "")
+    return str(tmp)
 
 
 def _review_db(tmp: Path) -> str:

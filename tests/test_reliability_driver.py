@@ -194,6 +194,32 @@ def test_sigterm_checkpoints_within_the_grace_period_exits_75_and_resumes_identi
     _assert_same_run(run_dir, uninterrupted)
 
 
+def test_sigkilled_trainer_is_reformed_in_process_from_the_checkpoint_to_the_same_weights(tmp_path, warm_model_dir,
+                                                                                       uninterrupted):
+    """The trainer actor (weights, optimizer: state no restart brings back) is SIGKILLed after step 3: the run
+    re-creates its roles, resumes from the checkpoint of step 2 in the same process and ends bit-identical to the
+    uninterrupted run, with one roles_reformed record that counts the redone step."""
+    config = _write_config(tmp_path, warm_model_dir, "trainer-killed")
+    run_dir = tmp_path / "trainer-killed"
+    proc = _start(config)
+    _wait_for_step(run_dir, proc, 3)
+    trainers = [p for p in psutil.Process(proc.pid).children(recursive=True) if "ray::Trainer" in " ".join(p.cmdline())]
+    assert len(trainers) == 1, [p.cmdline() for p in trainers]
+    trainers[0].kill()
+    code, log = _finish(proc)
+    assert code == 0, log[-3000:]
+    flat = " ".join(log.split())
+    assert "roles lost at step" in flat and "resuming from" in flat, flat[-2000:]
+    _assert_same_run(run_dir, uninterrupted)
+    records = [json.loads(x) for x in (run_dir / "interruptions.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in records] == ["roles_reformed"], records
+    r = records[0]
+    assert r["role"] == "trainer" and r["step"] == 2 and r["automatic"] and r["recovery_s"] > 0
+    assert r["redone_steps"] in (1, 2)  # step 3, and step 4 too if it was logged before the kill took effect
+    print(f"trainer SIGKILLed after step 3: roles re-formed in {r['recovery_s']:.1f} s, {r['redone_steps']} step(s) "
+          "redone from the checkpoint of step 2")
+
+
 # A step slower than the grace period: 16 prompts x 4 completions, each run as a program in the python sandbox
 # (~70 ms a sample: ~4-5 s of reward time), a length term so that groups differ and the trainer does update.
 # (The exit takes ~3 s more than the checkpoint: destroying the actors and ray.shutdown.)

@@ -11,6 +11,7 @@ import typer
 from posttrain.cli_common import console, err_console, print_summary, split_config_args, user_errors
 from posttrain.config import dump_config, load_config
 from posttrain.errors import PosttrainError
+from posttrain.orchestration.reform import EXIT_CAPACITY, CapacityLost
 from posttrain.preemption import EXIT_PREEMPTED, Preempted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models.")
@@ -53,6 +54,9 @@ def train(
     except Preempted as e:
         err_console.print(str(e), highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_PREEMPTED) from None
+    except CapacityLost as e:
+        err_console.print(f"[bold red]capacity lost:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_CAPACITY) from None
     print_summary(summary)
 
 

@@ -175,7 +175,12 @@ class VllmConfig(_Section):
 
 class RolloutConfig(_Section):
     engine: Literal["vllm", "hf"] = Field("vllm", description="vllm, or hf (transformers generate) as a fallback.")
-    num_workers: int = Field(1, ge=1, description="Rollout workers (Ray actors), each owning one engine.")
+    num_workers: int = Field(1, ge=1, description="Rollout workers (Ray actors), each owning one engine; or a range "
+                             "MIN..MAX (e.g. 1..4): MIN are reserved with the run's roles, up to MAX-MIN more join "
+                             "when the cluster has room (a node added) and leave when it does not (a node lost), "
+                             "without failing a step. Sets num_workers (= MIN) and num_workers_max.")
+    num_workers_max: int | None = Field(None, ge=1, description="Elastic fleet's upper bound (see num_workers); None = "
+                                        "a fixed fleet of num_workers.")
     max_new_tokens: int = Field(8, gt=0, description="Longest completion sampled (tokens).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature for rollouts (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for rollouts.")
@@ -184,6 +189,36 @@ class RolloutConfig(_Section):
         "against the engine's logprobs of the behaviour policy); needs temperature 1 and top_p 1.",
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _worker_range(cls, data: Any) -> Any:
+        """num_workers: "MIN..MAX" -> num_workers=MIN, num_workers_max=MAX."""
+        if isinstance(data, dict) and isinstance(data.get("num_workers"), str) and ".." in data["num_workers"]:
+            low, _, high = data["num_workers"].partition("..")
+            try:
+                lo, hi = int(low), int(high)
+            except ValueError:
+                raise ValueError(f"rollout.num_workers={data['num_workers']!r}: a range is MIN..MAX with whole "
+                                 "numbers, e.g. 1..4") from None
+            if lo < 1:
+                raise ValueError(f"rollout.num_workers={data['num_workers']!r}: MIN must be at least 1 (the run needs "
+                                 "one engine to make progress)")
+            if lo > hi:
+                raise ValueError(f"rollout.num_workers={data['num_workers']!r}: MIN {lo} is greater than MAX {hi}")
+            data = {**data, "num_workers": lo, "num_workers_max": hi}
+        return data
+
+    @model_validator(mode="after")
+    def _check_max(self) -> "RolloutConfig":
+        if self.num_workers_max is not None and self.num_workers_max < self.num_workers:
+            raise ValueError(f"rollout.num_workers_max={self.num_workers_max} is below rollout.num_workers="
+                             f"{self.num_workers} (the fleet's minimum)")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        return self.num_workers_max is not None and self.num_workers_max > self.num_workers
 
 
 class TopologyConfig(_Section):

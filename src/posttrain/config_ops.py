@@ -73,9 +73,24 @@ class OpsConfig(_Section):
     notify_retries: int = Field(3, ge=0, description="Retries after a failed POST (connection error, timeout, HTTP 429 "
                                 "or 5xx); other HTTP errors are not retried.")
     notify_backoff_s: float = Field(1.0, ge=0, description="First retry delay (seconds); doubles each retry.")
+    watchdog: bool = Field(True, description="Hang detection: a remote call (generate, reward, reference, train, "
+                           "sync, eval) running far past its recent median is a hang: every actor's Python stacks go "
+                           "to runs/<name>/hangs/<step>/, the hung actor is restarted and its work redone.")
+    hang_factor: float = Field(5.0, description="A call is hung when it runs longer than hang_factor x the median of "
+                               "its kind's recent durations (and at least hang_min_seconds). Must be > 1.")
+    hang_min_seconds: float = Field(60.0, gt=0, description="No call is called hung before this many seconds.")
+    hang_cold_seconds: float = Field(900.0, gt=0, description="The bound for a kind of call with fewer than 3 "
+                                     "measured durations (the first generate compiles kernels; a first step is slow).")
+    capacity_wait_s: float = Field(300.0, ge=0, description="When roles are lost (a node died, a trainer rank hung) "
+                                   "and the cluster cannot hold the plan any more, wait this long for capacity to "
+                                   "come back and resume from the last checkpoint in process; then exit 76 naming "
+                                   "what is missing (resume with --resume once capacity is back).")
 
     @model_validator(mode="after")
     def _check_targets(self) -> "OpsConfig":
+        if self.hang_factor <= 1:
+            raise ValueError(f"ops.hang_factor={self.hang_factor}: must be > 1 (a call is hung when it runs "
+                             "hang_factor times longer than its recent median); 5 is a good start")
         allowed = ["all", *EVENTS]
         for i, t in enumerate(self.notify):
             scheme, host = t.url.partition("://")[0].lower() if "://" in t.url else "", _host(t.url)

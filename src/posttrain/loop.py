@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
+from posttrain.orchestration.recovery import RolesLost
+from posttrain.orchestration.reform import EXIT_CAPACITY
+from posttrain.orchestration.watchdog import Watchdog
 from posttrain.evals.alarm_wiring import LoopAlarms, after_step_evals_and_alarms
 from posttrain.evals.in_loop import InLoopEval
 from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
@@ -27,6 +31,7 @@ from posttrain.tasks import load_task
 from posttrain.tasks.base import answer_needed
 from posttrain.tasks.dataset import record_report
 from posttrain.tracking import MetricsWriter, open_run_log
+from posttrain.tracking.interruptions import record_interruption
 from posttrain.tracking.notify import Notifier
 from posttrain.training import checkpoint as ckpt
 
@@ -69,7 +74,7 @@ def prepare_run_dir(cfg: RunConfig, resume: bool) -> Path:
         probe.unlink()
     except OSError as e:
         raise PosttrainError(f"runs_dir: cannot write to {run_dir} ({e.strerror})", hint="choose a writable runs_dir") from None
-    for stale in ("metrics.jsonl", "samples.jsonl", "summary.json"):
+    for stale in ("metrics.jsonl", "samples.jsonl", "summary.json", "interruptions.jsonl"):
         if not resume and (run_dir / stale).exists():
             (run_dir / stale).unlink()
     (run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -148,7 +153,16 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     summary (also written to runs/<name>/summary.json). The run's end, whichever it is, goes to `ops.notify`."""
     notifier = Notifier.from_config(cfg)
     try:
-        summary = _train(cfg, resume, progress, notifier.emit)
+        reforming, lost_nodes = None, set()
+        for attempt in range(MAX_REFORMS + 1):
+            try:
+                summary = _train(cfg, resume, progress, notifier.emit, reforming)
+                break
+            except RolesLost as lost:
+                if attempt == MAX_REFORMS:
+                    raise
+                reforming = roles_lost(cfg, lost, lost_nodes, notifier.emit)
+                resume = reforming["resume"]
         notifier.emit("run_finished", steps=summary["steps"], heldout_before=summary["heldout_accuracy_before"],
                       heldout_after=summary["heldout_accuracy_after"], wall_s=round(summary["train_wall_seconds"], 1),
                       final_checkpoint=summary["final_checkpoint"], stopped_by_alarm=summary.get("stopped_by_alarm"),
@@ -167,10 +181,82 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         notifier.close()  # bounded wait (CLOSE_TIMEOUT_S): the final event is sent before the process exits
 
 
-def _train(cfg: RunConfig, resume: bool, progress: bool, notify) -> dict:
+MAX_REFORMS = 5  # re-forms of one `train` call; more means something keeps killing the roles: fail, with the error
+
+
+def roles_lost(cfg: RunConfig, lost: RolesLost, lost_nodes: set, notify) -> dict:
+    """After RolesLost escaped a run: records which nodes are gone, tells ops.notify, and returns what the next
+    attempt needs to re-form (`_train`'s `reforming`): the detection time, whether a checkpoint exists to resume
+    from, and the steps that will be trained again."""
+    from posttrain.orchestration.reform import alive_nodes, capacity_text
+    from posttrain.tracking import read_metrics
+
+    detected = time.time()
+    last = ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints", warn=lambda _: None)
+    ckpt_step = int(last.name[len(ckpt.PREFIX):]) if last else 0
+    done = [m for m in read_metrics(cfg.run_dir) if "time/step" in m and m["step"] > ckpt_step]
     import ray
 
-    from posttrain.orchestration.roles import create_roles, destroy_roles, needed_cpus
+    # An embedded cluster was stopped with the roles (it restarts with them): it has no node to lose.
+    nodes = alive_nodes() if ray.is_initialized() else {}
+    gone = ({n["NodeID"] for n in ray.nodes() if not n.get("Alive")} - lost_nodes) if ray.is_initialized() else set()
+    lost_nodes |= gone
+    for node in sorted(gone):  # recorded with the re-form (one record per incident), told at once
+        notify("node_lost", node=node[:12], step=ckpt_step + len(done), role=lost.role, reason=lost.reason,
+               capacity=capacity_text(nodes))
+    where = capacity_text(nodes) if nodes else "a new embedded cluster"
+    print(f"roles lost at step {ckpt_step + len(done)} ({lost}); re-forming them on {where} and resuming from the "
+          f"checkpoint of step {ckpt_step}", file=sys.stderr, flush=True)
+    return {"detected_at": detected, "resume": last is not None, "role": lost.role, "reason": lost.reason,
+            "from_step": ckpt_step, "redone_steps": len(done), "redone_s": sum(m["time/step"] for m in done),
+            "nodes_lost": sorted(gone)}
+
+
+def create_roles_or_wait(cfg: RunConfig, reforming: dict | None):
+    """create_roles; when re-forming after a loss, Ray gets ops.capacity_wait_s to reserve the roles again, and a
+    cluster that cannot hold them by then ends the run with CapacityLost (exit 76) instead of a config error."""
+    from posttrain.orchestration.reform import alive_nodes, capacity_lost
+    from posttrain.orchestration.roles import create_roles, role_bundles
+
+    if reforming is None:
+        return create_roles(cfg, cfg.model.path)
+    t = time.monotonic()
+    try:
+        return create_roles(cfg, cfg.model.path, reserve_timeout_s=max(cfg.ops.capacity_wait_s, 1.0))
+    except PosttrainError as e:
+        if "could not reserve the placement" not in str(e):
+            raise
+        record_interruption(cfg.run_dir, "capacity_exit", step=reforming["from_step"], role=reforming["role"],
+                            detected_at=reforming["detected_at"], automatic=False,
+                            action=f"exit {EXIT_CAPACITY}: the cluster could not hold the roles again", reason=str(e))
+        raise capacity_lost(role_bundles(cfg), alive_nodes(), time.monotonic() - t, reforming["from_step"],
+                            resume_command(cfg), reforming["reason"]) from None
+
+
+def reformed(cfg: RunConfig, roles, reforming: dict, notify) -> None:
+    """The roles are back and the checkpoint loaded: record how long it took and say so."""
+    from posttrain.orchestration.reform import alive_nodes, capacity_text
+
+    took = time.time() - reforming["detected_at"]
+    where = capacity_text(alive_nodes())
+    record_interruption(cfg.run_dir, "roles_reformed", step=reforming["from_step"], role=reforming["role"],
+                        detected_at=reforming["detected_at"], recovery_s=took, redone_steps=reforming["redone_steps"],
+                        redone_s=reforming["redone_s"], reason=reforming["reason"], nodes_lost=reforming["nodes_lost"],
+                        action=f"roles re-created on {where}; resumed from the checkpoint of step "
+                               f"{reforming['from_step']} ({reforming['redone_steps']} steps to train again)")
+    if reforming["reason"].startswith("hung:"):  # the watchdog killed a trainer, critic or evaluator
+        notify("hang_recovered", step=reforming["from_step"], role=reforming["role"], seconds=round(took, 1),
+               action="roles re-formed from the checkpoint")
+    if reforming["nodes_lost"]:
+        notify("node_recovered", step=reforming["from_step"], seconds=round(took, 1), capacity=where,
+               redone_steps=reforming["redone_steps"])
+
+
+def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict | None = None) -> dict:
+    import ray
+
+    from posttrain.orchestration.reform import as_roles_lost, lost_errors
+    from posttrain.orchestration.roles import destroy_roles, needed_cpus, role_names
     from posttrain.orchestration.runtime import start_ray, stop_ray
 
     if cfg.algorithm.name == "dpo":
@@ -235,16 +321,21 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify) -> dict:
                            / ASSUMED_CHECKPOINT_BYTES_PER_S).install()  # after ray.init, which sets its own
     roles = None
     try:
-        roles = create_roles(cfg, cfg.model.path)
-        in_loop = InLoopEval(cfg, roles.evaluator, bar.log, notify) if roles.evaluator is not None else None
+        roles = create_roles_or_wait(cfg, reforming)
+        if cfg.ops.watchdog:  # bounds every remote call of the run (orchestration/watchdog.py)
+            roles.watchdog = Watchdog(cfg, roles, notify, bar.log)
+        in_loop = (InLoopEval(cfg, roles.evaluator, bar.log, notify, watchdog=roles.watchdog)
+                   if roles.evaluator is not None else None)
         alarms.attach(roles, encoder, task.heldout)
         if resume_path is not None:
             ray.get([roles.trainer.load.remote(str(resume_path))]
                     + ([roles.critic.load.remote(str(resume_path))] if roles.critic else []))
             sync_weights(roles)
+        if reforming is not None:
+            reformed(cfg, roles, reforming, notify)
         if state.step == 0 and not state.eval_history:
             acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
-                                   rollout_resync(roles))
+                                   rollout_resync(roles), roles.watchdog)
             state.eval_history.append({"step": 0, "heldout_accuracy": acc})
             writer.write({"step": 0, "eval/heldout_accuracy": acc})
             bar.log(f"held-out accuracy before RL: {acc:.3f} ({len(task.heldout)} problems)")
@@ -252,6 +343,8 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify) -> dict:
         last_ckpt_step = state.step if resume_path is not None else -1
         while state.step < cfg.train.steps:
             try:
+                if roles.watchdog is not None:
+                    roles.watchdog.step = state.step + 1  # the step in progress, as metrics.jsonl numbers it
                 sigterm.begin_step()
                 record, samples = (ahead.run_step(state.step, roles) if ahead is not None
                                    else run_step(cfg, state.step, roles, sampler, encoder))
@@ -265,7 +358,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify) -> dict:
             if cfg.eval.every and state.step % cfg.eval.every == 0 and state.step < cfg.train.steps:
                 t = time.perf_counter()
                 acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
-                                   rollout_resync(roles))
+                                   rollout_resync(roles), roles.watchdog)
                 record["eval/heldout_accuracy"] = acc
                 record["time/eval"] = time.perf_counter() - t
                 state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
@@ -284,7 +377,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify) -> dict:
                 raise preempt(cfg, roles, state, sigterm, last_ckpt_step)
         if not state.eval_history or state.eval_history[-1]["step"] != state.step:
             acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
-                                   rollout_resync(roles))
+                                   rollout_resync(roles), roles.watchdog)
             state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
             writer.write({"step": state.step, "eval/heldout_accuracy": acc})
         final_ckpt = save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step else ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
@@ -294,6 +387,8 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify) -> dict:
                 in_loop.submit(state.step, final_ckpt)
             for r in in_loop.finish():
                 writer.write(r)
+    except lost_errors() as e:  # a role's process or node is gone: train() re-forms the roles from the checkpoint
+        raise as_roles_lost(e, role_names(roles)) from e
     finally:
         sigterm.restore()
         if ahead is not None:

@@ -4,7 +4,8 @@ Rollout actors are created with `max_restarts`, so Ray starts a fresh process wh
 again and loads the weights of `model.path`, not the policy's current ones. The driver therefore waits until the
 restarted actor answers, lets the caller bring it up to date (`resync`: push the trainer's current weights) and
 resubmits exactly the same share (same prompts, same sampling seeds), so no sample is lost or produced twice.
-An error raised *inside* a task (a bug, a bad request) is not a dead process: it propagates unchanged.
+An error raised *inside* a task (a bug, a bad request) is not a dead process: it propagates unchanged. A worker
+the watchdog found hung (orchestration/watchdog.py) is killed and restarted, and its share is redone the same way.
 """
 
 from __future__ import annotations
@@ -45,15 +46,22 @@ def gather_with_redo(
     resync: Callable[[Any], None] | None = None,
     what: str = "work",
     log: Callable[[str], None] = _stderr,
+    watchdog: Any | None = None,
+    kind: str = "generate",
 ) -> list[Any]:
     """`submit(i)` sends worker i its share and returns the ObjectRef; returns the results in worker order.
-    A share whose worker process died is redone on the restarted worker (after `resync(worker)`)."""
-    import ray
+    A share whose worker process died is redone on the restarted worker (after `resync(worker)`). With a
+    `watchdog` (orchestration/watchdog.py), a share running past the bound of its `kind` is a hang: the watchdog
+    restarts worker i, and its share is redone the same way."""
     from ray.exceptions import RayActorError
 
+    from posttrain.orchestration.watchdog import watched_get
+
     refs = [submit(i) for i in range(len(workers))]
+    submitted = time.monotonic()
     results = []
     for i, ref in enumerate(refs):
+        started = submitted
         for attempt in range(REDO_ATTEMPTS + 1):
             try:
                 if ref is None:  # the worker died: wait for its restart, bring it up to date, resubmit
@@ -62,8 +70,8 @@ def gather_with_redo(
                     if resync is not None:
                         resync(workers[i])
                     log(f"rollout worker {i} is back (pid {pid}) after {time.perf_counter() - t:.1f} s; redoing its {what}")
-                    ref = submit(i)
-                results.append(ray.get(ref))
+                    ref, started = submit(i), time.monotonic()
+                results.append(watched_get(watchdog, [(ref, kind, f"rollout{i}")], started)[0])
                 break
             except RayActorError as e:
                 if attempt == REDO_ATTEMPTS:
@@ -71,3 +79,13 @@ def gather_with_redo(
                 log(f"rollout worker {i} died during {what} ({type(e).__name__}); waiting for its restart to redo it")
                 ref = None
     return results
+
+
+class RolesLost(RuntimeError):
+    """A role that holds state the driver cannot hand back (a trainer rank, the critic, the evaluator) is gone: its
+    process or node died, or the watchdog killed it after a hang. The run (loop.py) re-creates its roles and
+    resumes from the last checkpoint in process, or exits 76 when the cluster cannot hold the plan any more."""
+
+    def __init__(self, role: str, reason: str):
+        super().__init__(f"{role}: {reason}")
+        self.role, self.reason = role, reason

@@ -22,6 +22,7 @@ class Roles:
     reward_model: Any | None = None  # RewardModel actor (one RM or an ensemble), when reward.weights has an 'rm' weight
     judge: Any | None = None         # JudgeReward (in the driver: it only waits on HTTP), for a 'judge' weight
     evaluator: Any | None = None     # CheckpointEvaluator (evals/in_loop.py), when eval.suites is set
+    watchdog: Any | None = None      # orchestration/watchdog.py: remote calls past their bound are hangs
 
 
 def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
@@ -50,7 +51,7 @@ def needed_cpus(cfg: RunConfig) -> float:
     return sum(r["CPU"] for _, r in role_bundles(cfg))
 
 
-def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
+def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.0) -> Roles:
     import ray
 
     from posttrain.orchestration.recovery import REDO_ATTEMPTS
@@ -63,7 +64,7 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
 
     # The plan (or, in topology.mode=manual, one PACK group with a bundle per role) decides groups and bundles.
     spec = placement_for_run(cfg)
-    pgs = reserve(spec)
+    pgs = reserve(spec, reserve_timeout_s)
     index = spec.actors
     cfg_dict = cfg.to_dict()
 
@@ -111,7 +112,9 @@ def create_roles(cfg: RunConfig, model_dir: str) -> Roles:
     if "reward_model" in index:
         from posttrain.rewards.reward_model import RewardModel
 
-        reward_model = ray.remote(RewardModel).options(**place("reward_model")).remote(
+        # fixed weights, like the reference: a restart (after a crash or a hang) computes the same scores
+        reward_model = ray.remote(RewardModel).options(**place("reward_model", max_restarts=3,
+                                                               max_task_retries=3)).remote(
             [cfg.reward.rm_path, *cfg.reward.rm_ensemble], 1, cfg.model.chat_template)
     if cfg.reward.weights.get("judge"):
         from posttrain.rewards.judge import make_judge
@@ -148,6 +151,23 @@ def raise_user_error_of(error: Exception) -> None:
         message = text[text.rindex(marker) + len(marker):].strip()
         raise PosttrainError(f"a role failed to start: {message}") from None
     raise error
+
+
+def role_actors(roles: Roles) -> dict[str, Any]:
+    """role name -> actor handle: trainer (rank 0), trainer1 ..., rollout0 ..., reward, reference, critic,
+    reward_model, evaluator (those the run has)."""
+    trainers = getattr(roles.trainer, "ranks", [roles.trainer])  # a TrainerGroup's ranks, or the one trainer
+    named = {"trainer" + (str(r) if r else ""): a for r, a in enumerate(trainers)}
+    named.update((f"rollout{i}", w) for i, w in enumerate(roles.rollout))
+    named.update((n, getattr(roles, n)) for n in ("reward", "reference", "critic", "reward_model", "evaluator"))
+    return {n: a for n, a in named.items() if a is not None}
+
+
+def role_names(roles: Roles | None) -> dict[str, str]:
+    """Ray actor id (hex) -> the role's name, to say which one died."""
+    if roles is None:
+        return {}
+    return {a._actor_id.hex(): n for n, a in role_actors(roles).items() if hasattr(a, "_actor_id")}
 
 
 def destroy_roles(roles: Roles) -> None:
