@@ -20,27 +20,50 @@ GPUS_PER_NODE = 2
 GCS_PORT, DASHBOARD_PORT = 6379, 8265
 
 
-def start_cluster(temp: str) -> list[subprocess.Popen]:
-    ray_bin = str(Path(sys.executable).with_name("ray"))
+def _ray_env(extra: dict | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    env.update(RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
-    common = ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", "3", "--num-gpus", str(GPUS_PER_NODE),
-              "--object-store-memory", str(200 * 2**20)]
-    head = [ray_bin, "start", "--head", "--port", str(GCS_PORT), "--temp-dir", temp, "--include-dashboard", "true",
-            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(DASHBOARD_PORT), *common]
-    worker = [ray_bin, "start", "--address", f"127.0.0.1:{GCS_PORT}", "--dashboard-agent-listen-port", "52366",
-              "--metrics-export-port", "52367", "--runtime-env-agent-port", "52368", *common]
-    procs = [subprocess.Popen(head, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=open(Path(temp) / "head.err", "w"))]
+    env.update(RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}", **(extra or {}))
+    return env
+
+
+def _common(cpus: float, gpus: int) -> list[str]:
+    return ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus), "--num-gpus", str(gpus),
+            "--object-store-memory", str(200 * 2**20)]
+
+
+def start_head(temp: str, env: dict | None = None, cpus: int = 3, gpus: int = GPUS_PER_NODE) -> subprocess.Popen:
+    """The head node (GCS, dashboard) as its own process group."""
+    head = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--port", str(GCS_PORT), "--temp-dir", temp,
+            "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(DASHBOARD_PORT),
+            *_common(cpus, gpus)]
+    return subprocess.Popen(head, env=_ray_env(env), start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(Path(temp) / "head.err", "w"))
+
+
+def start_worker_node(temp: str, index: int, label: bool = False, cpus: int = 3,
+                      gpus: int = GPUS_PER_NODE) -> subprocess.Popen:
+    """Worker node `index` (1, 2, ...) as its own process group (SIGKILL the group to lose the node), with ports of
+    its own so that several share the loopback address; `label`: a custom resource node<index> names it in
+    ray.nodes()."""
+    base = 52366 + 10 * (index - 1)
+    worker = [str(Path(sys.executable).with_name("ray")), "start", "--address", f"127.0.0.1:{GCS_PORT}",
+              "--dashboard-agent-listen-port", str(base), "--metrics-export-port", str(base + 1),
+              "--runtime-env-agent-port", str(base + 2), *_common(cpus, gpus),
+              *(["--resources", json.dumps({f"node{index}": 1})] if label else [])]
+    return subprocess.Popen(worker, env=_ray_env(), start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(Path(temp) / f"worker{index}.err", "w"))
+
+
+def start_cluster(temp: str) -> list[subprocess.Popen]:
+    procs = [start_head(temp)]
     time.sleep(8)
-    procs.append(subprocess.Popen(worker, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                  stderr=open(Path(temp) / "worker.err", "w")))
+    procs.append(start_worker_node(temp, 1))
     return procs
 
 
-def run_in_namespace(script: Path, out: Path, model_dir: str, work: Path) -> dict:
+def run_in_namespace(script: Path, out: Path, model_dir: str, work: Path, nodes: int = 2, timeout: int = 600) -> dict:
     """Runs `script OUT MODEL_DIR WORK` in a private network namespace with only `lo` up (the tests' harness) and
-    returns the JSON it wrote; fails the test on an error it recorded or when the second node did not join."""
+    returns the JSON it wrote; fails the test on an error it recorded or when not all `nodes` joined."""
     import shutil
 
     import pytest
@@ -50,11 +73,11 @@ def run_in_namespace(script: Path, out: Path, model_dir: str, work: Path) -> dic
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
     cmd = f"ip link set lo up && exec {sys.executable} {script} {out} {model_dir} {work}"
-    r = subprocess.run(["unshare", "-rn", "bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(["unshare", "-rn", "bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=timeout)
     assert out.exists(), f"{script.name} wrote nothing (rc {r.returncode}):\n{r.stderr[-3000:]}"
     facts = json.loads(out.read_text())
     assert "error" not in facts, facts["error"]
-    assert len(facts["nodes"]) == 2, "the second node did not join"
+    assert len(facts["nodes"]) == nodes, f"{nodes - len(facts['nodes'])} node(s) did not join"
     return facts
 
 
