@@ -214,6 +214,11 @@ class RolloutConfig(_Section):
         if self.num_workers_max is not None and self.num_workers_max < self.num_workers:
             raise ValueError(f"rollout.num_workers_max={self.num_workers_max} is below rollout.num_workers="
                              f"{self.num_workers} (the fleet's minimum)")
+        if self.elastic and self.async_one_step_off:
+            raise ValueError(f"rollout.num_workers={self.num_workers}..{self.num_workers_max} (an elastic fleet) does "
+                             "not combine with rollout.async_one_step_off=true: its background rollout thread uses the "
+                             "fleet while the driver grows and shrinks it; set a fixed rollout.num_workers or "
+                             "rollout.async_one_step_off=false")
         return self
 
     @property

@@ -15,7 +15,7 @@ from pathlib import Path
 from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
 from posttrain.orchestration.recovery import RolesLost
-from posttrain.orchestration.reform import EXIT_CAPACITY
+from posttrain.orchestration.reform import EXIT_CAPACITY, NodeWatch, capacity_text
 from posttrain.orchestration.watchdog import Watchdog
 from posttrain.evals.alarm_wiring import LoopAlarms, after_step_evals_and_alarms
 from posttrain.evals.in_loop import InLoopEval
@@ -153,15 +153,15 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
     summary (also written to runs/<name>/summary.json). The run's end, whichever it is, goes to `ops.notify`."""
     notifier = Notifier.from_config(cfg)
     try:
-        reforming, lost_nodes = None, set()
+        reforming, nodes = None, NodeWatch()
         for attempt in range(MAX_REFORMS + 1):
             try:
-                summary = _train(cfg, resume, progress, notifier.emit, reforming)
+                summary = _train(cfg, resume, progress, notifier.emit, reforming, nodes)
                 break
             except RolesLost as lost:
                 if attempt == MAX_REFORMS:
                     raise
-                reforming = roles_lost(cfg, lost, lost_nodes, notifier.emit)
+                reforming = roles_lost(cfg, lost, nodes, notifier.emit)
                 resume = reforming["resume"]
         notifier.emit("run_finished", steps=summary["steps"], heldout_before=summary["heldout_accuracy_before"],
                       heldout_after=summary["heldout_accuracy_after"], wall_s=round(summary["train_wall_seconds"], 1),
@@ -184,39 +184,52 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
 MAX_REFORMS = 5  # re-forms of one `train` call; more means something keeps killing the roles: fail, with the error
 
 
-def roles_lost(cfg: RunConfig, lost: RolesLost, lost_nodes: set, notify) -> dict:
-    """After RolesLost escaped a run: records which nodes are gone, tells ops.notify, and returns what the next
-    attempt needs to re-form (`_train`'s `reforming`): the detection time, whether a checkpoint exists to resume
-    from, and the steps that will be trained again."""
-    from posttrain.orchestration.reform import alive_nodes, capacity_text
+def roles_lost(cfg: RunConfig, lost: RolesLost, nodes: NodeWatch, notify) -> dict:
+    """After RolesLost escaped a run: what the next attempt needs to re-form (`_train`'s `reforming`): the detection
+    time, whether a checkpoint exists to resume from, the steps that will be trained again, the nodes lost so far."""
     from posttrain.tracking import read_metrics
 
     detected = time.time()
     last = ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints", warn=lambda _: None)
     ckpt_step = int(last.name[len(ckpt.PREFIX):]) if last else 0
     done = [m for m in read_metrics(cfg.run_dir) if "time/step" in m and m["step"] > ckpt_step]
-    import ray
-
-    # An embedded cluster was stopped with the roles (it restarts with them): it has no node to lose.
-    nodes = alive_nodes() if ray.is_initialized() else {}
-    gone = ({n["NodeID"] for n in ray.nodes() if not n.get("Alive")} - lost_nodes) if ray.is_initialized() else set()
-    lost_nodes |= gone
-    for node in sorted(gone):  # recorded with the re-form (one record per incident), told at once
-        notify("node_lost", node=node[:12], step=ckpt_step + len(done), role=lost.role, reason=lost.reason,
-               capacity=capacity_text(nodes))
-    where = capacity_text(nodes) if nodes else "a new embedded cluster"
+    reforming = {"detected_at": detected, "resume": last is not None, "role": lost.role, "reason": lost.reason,
+                 "from_step": ckpt_step, "redone_steps": len(done), "redone_s": sum(m["time/step"] for m in done),
+                 "nodes_lost": [], "nodes": nodes}
+    alive = nodes_lost(reforming, notify)
+    where = capacity_text(alive) if alive else "a new embedded cluster"
     print(f"roles lost at step {ckpt_step + len(done)} ({lost}); re-forming them on {where} and resuming from the "
           f"checkpoint of step {ckpt_step}", file=sys.stderr, flush=True)
-    return {"detected_at": detected, "resume": last is not None, "role": lost.role, "reason": lost.reason,
-            "from_step": ckpt_step, "redone_steps": len(done), "redone_s": sum(m["time/step"] for m in done),
-            "nodes_lost": sorted(gone)}
+    return reforming
 
 
-def create_roles_or_wait(cfg: RunConfig, reforming: dict | None):
+def nodes_lost(reforming: dict, notify) -> dict:
+    """Tells ops.notify of each node gone since the last look (Ray may declare a dead node dead only seconds after
+    the roles on it failed), adds them to the incident, and returns the alive nodes."""
+    alive, gone = reforming["nodes"].look()
+    for node in gone:
+        notify("node_lost", node=node[:12], step=reforming["from_step"] + reforming["redone_steps"],
+               role=reforming["role"], reason=reforming["reason"], capacity=capacity_text(alive))
+    reforming["nodes_lost"] += gone
+    return alive
+
+
+def node_left(cfg: RunConfig, nodes: NodeWatch, step: int, notify) -> None:
+    """At a step boundary: a node Ray has declared dead since the last look, while no role had to be re-formed (it
+    held only elastic rollout workers, or Ray declared it dead only after the re-form), is told and recorded."""
+    alive, gone = nodes.look()
+    for node in gone:
+        notify("node_lost", node=node[:12], step=step, capacity=capacity_text(alive))
+        record_interruption(cfg.run_dir, "node_lost", step=step, role="node", node=node,
+                            action=f"node {node[:12]} left the cluster; the run goes on on {capacity_text(alive)}")
+
+
+def create_roles_or_wait(cfg: RunConfig, reforming: dict | None, notify):
     """create_roles; when re-forming after a loss, Ray gets ops.capacity_wait_s to reserve the roles again, and a
     cluster that cannot hold them by then ends the run with CapacityLost (exit 76) instead of a config error."""
-    from posttrain.orchestration.reform import alive_nodes, capacity_lost
-    from posttrain.orchestration.roles import create_roles, role_bundles
+    from posttrain.orchestration.reform import capacity_lost
+    from posttrain.orchestration.roles import create_roles
+    from posttrain.topology.placement import placement_for_run
 
     if reforming is None:
         return create_roles(cfg, cfg.model.path)
@@ -226,19 +239,19 @@ def create_roles_or_wait(cfg: RunConfig, reforming: dict | None):
     except PosttrainError as e:
         if "could not reserve the placement" not in str(e):
             raise
+        nodes_lost(reforming, notify)
         record_interruption(cfg.run_dir, "capacity_exit", step=reforming["from_step"], role=reforming["role"],
                             detected_at=reforming["detected_at"], automatic=False,
-                            action=f"exit {EXIT_CAPACITY}: the cluster could not hold the roles again", reason=str(e))
-        raise capacity_lost(role_bundles(cfg), alive_nodes(), time.monotonic() - t, reforming["from_step"],
+                            action=f"exit {EXIT_CAPACITY}: the cluster could not hold the roles again", reason=str(e),
+                            nodes_lost=reforming["nodes_lost"])
+        raise capacity_lost(placement_for_run(cfg), reforming["nodes"].look()[0], time.monotonic() - t, reforming["from_step"],
                             resume_command(cfg), reforming["reason"]) from None
 
 
 def reformed(cfg: RunConfig, roles, reforming: dict, notify) -> None:
     """The roles are back and the checkpoint loaded: record how long it took and say so."""
-    from posttrain.orchestration.reform import alive_nodes, capacity_text
-
     took = time.time() - reforming["detected_at"]
-    where = capacity_text(alive_nodes())
+    where = capacity_text(nodes_lost(reforming, notify))
     record_interruption(cfg.run_dir, "roles_reformed", step=reforming["from_step"], role=reforming["role"],
                         detected_at=reforming["detected_at"], recovery_s=took, redone_steps=reforming["redone_steps"],
                         redone_s=reforming["redone_s"], reason=reforming["reason"], nodes_lost=reforming["nodes_lost"],
@@ -252,11 +265,12 @@ def reformed(cfg: RunConfig, roles, reforming: dict, notify) -> None:
                redone_steps=reforming["redone_steps"])
 
 
-def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict | None = None) -> dict:
+def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict | None = None,
+           nodes: NodeWatch | None = None) -> dict:
     import ray
 
-    from posttrain.orchestration.reform import as_roles_lost, lost_errors
-    from posttrain.orchestration.roles import destroy_roles, needed_cpus, role_names
+    from posttrain.orchestration.reform import as_roles_lost, dead_roles, lost_errors
+    from posttrain.orchestration.roles import destroy_roles, needed_cpus, role_actors, role_names
     from posttrain.orchestration.runtime import start_ray, stop_ray
 
     if cfg.algorithm.name == "dpo":
@@ -317,11 +331,14 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
 
     started_ray = not ray.is_initialized()
     start_ray(cfg.ray, needed_cpus(cfg))
+    if nodes is not None:
+        nodes.look()  # the nodes this run starts with: a node gone later is a node this run lost
     sigterm = SigtermWatch(cfg.checkpoint.grace_seconds, ckpt.checkpoint_bytes_estimate(cfg.model.path)
                            / ASSUMED_CHECKPOINT_BYTES_PER_S).install()  # after ray.init, which sets its own
     roles = None
     try:
-        roles = create_roles_or_wait(cfg, reforming)
+        roles = create_roles_or_wait(cfg, reforming, notify)
+        fleet = roles.rollout if cfg.rollout.elastic else None  # an ElasticFleet (rollout/elastic.py)
         if cfg.ops.watchdog:  # bounds every remote call of the run (orchestration/watchdog.py)
             roles.watchdog = Watchdog(cfg, roles, notify, bar.log)
         in_loop = (InLoopEval(cfg, roles.evaluator, bar.log, notify, watchdog=roles.watchdog)
@@ -342,6 +359,10 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
         bar.update(state.step)
         last_ckpt_step = state.step if resume_path is not None else -1
         while state.step < cfg.train.steps:
+            if nodes is not None:
+                node_left(cfg, nodes, state.step, notify)
+            if fleet is not None:  # extras done starting join with the current weights; one more starts if room
+                fleet.grow(roles, state.step + 1, bar.log)
             try:
                 if roles.watchdog is not None:
                     roles.watchdog.step = state.step + 1  # the step in progress, as metrics.jsonl numbers it
@@ -355,6 +376,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
             sample_log.write(samples)
             state.step += 1
             state.cursor = ahead.cursor if ahead is not None else sampler.cursor
+            record.update(fleet.metrics() if fleet is not None else {})  # fleet/workers, fleet/joined, fleet/left
             if cfg.eval.every and state.step % cfg.eval.every == 0 and state.step < cfg.train.steps:
                 t = time.perf_counter()
                 acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
@@ -389,6 +411,12 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
                 writer.write(r)
     except lost_errors() as e:  # a role's process or node is gone: train() re-forms the roles from the checkpoint
         raise as_roles_lost(e, role_names(roles)) from e
+    except ray.exceptions.RayTaskError as e:  # an error inside a task, or one a lost peer caused (a collective)
+        dead = dead_roles(role_actors(roles)) if roles is not None else []
+        if dead:
+            raise RolesLost(", ".join(dead), f"lost ({type(e.cause).__name__} in a peer: "
+                                             f"{str(e.cause).splitlines()[0][:200]})") from e
+        raise
     finally:
         sigterm.restore()
         if ahead is not None:

@@ -18,6 +18,14 @@ REDO_ATTEMPTS = 3          # a share is redone at most this many times (the acto
 RESTART_TIMEOUT_S = 600.0  # a vLLM engine restart takes 20-60 s on a loaded 2-core machine
 
 
+class _Left:
+    def __repr__(self) -> str:
+        return "LEFT"
+
+
+LEFT = _Left()  # gather_with_redo's result for a share whose worker left an elastic fleet
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -48,11 +56,14 @@ def gather_with_redo(
     log: Callable[[str], None] = _stderr,
     watchdog: Any | None = None,
     kind: str = "generate",
+    leave: Callable[[Any, BaseException], bool] | None = None,
 ) -> list[Any]:
     """`submit(i)` sends worker i its share and returns the ObjectRef; returns the results in worker order.
     A share whose worker process died is redone on the restarted worker (after `resync(worker)`). With a
     `watchdog` (orchestration/watchdog.py), a share running past the bound of its `kind` is a hang: the watchdog
-    restarts worker i, and its share is redone the same way."""
+    restarts worker i, and its share is redone the same way. `leave(worker, error)` (an elastic fleet's,
+    rollout/elastic.py) is asked first: True when the dead worker was an extra and has left the fleet; its
+    result is then LEFT, for the caller to redo on the workers still there."""
     from ray.exceptions import RayActorError
 
     from posttrain.orchestration.watchdog import watched_get
@@ -74,8 +85,11 @@ def gather_with_redo(
                 results.append(watched_get(watchdog, [(ref, kind, f"rollout{i}")], started)[0])
                 break
             except RayActorError as e:
+                if leave is not None and leave(workers[i], e):
+                    results.append(LEFT)
+                    break
                 if attempt == REDO_ATTEMPTS:
-                    raise RuntimeError(f"rollout worker {i} died {attempt + 1} times while doing {what}") from e
+                    raise RolesLost(f"rollout{i}", f"died {attempt + 1} times while doing {what}") from e
                 log(f"rollout worker {i} died during {what} ({type(e).__name__}); waiting for its restart to redo it")
                 ref = None
     return results

@@ -100,14 +100,21 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
         gpu_memory_utilization=v.gpu_memory_utilization,
         enforce_eager=v.enforce_eager,
     )
-    rollout = [
-        ray.remote(RolloutWorker)
-        # restarted by Ray when its process dies; the driver redoes its share (orchestration/recovery.py)
-        .options(**place(f"rollout{i}", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)},
-                         max_restarts=REDO_ATTEMPTS, max_task_retries=0))
-        .remote(cfg.rollout.engine, model_dir, engine_kwargs)
-        for i in range(cfg.rollout.num_workers)
-    ]
+    def rollout_worker(**options):
+        return (ray.remote(RolloutWorker)
+                .options(runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)}, max_task_retries=0, **options)
+                .remote(cfg.rollout.engine, model_dir, engine_kwargs))
+
+    # restarted by Ray when its process dies; the driver redoes its share (orchestration/recovery.py)
+    rollout = [rollout_worker(**place(f"rollout{i}", max_restarts=REDO_ATTEMPTS))
+               for i in range(cfg.rollout.num_workers)]
+    if cfg.rollout.elastic:  # extras beyond MIN, on what the cluster has beyond the placement group; never restarted
+        from posttrain.rollout.elastic import ElasticFleet
+
+        t = cfg.topology
+        rollout = ElasticFleet(rollout, cfg.rollout.num_workers_max, lambda: rollout_worker(
+            num_cpus=t.rollout_cpus, num_gpus=t.rollout_gpus, scheduling_strategy="SPREAD", max_restarts=0),
+            t.rollout_cpus, t.rollout_gpus, cfg.run_dir)
     reward_model = judge = None
     if "reward_model" in index:
         from posttrain.rewards.reward_model import RewardModel
@@ -172,13 +179,15 @@ def role_names(roles: Roles | None) -> dict[str, str]:
 
 def destroy_roles(roles: Roles) -> None:
     import ray
+    from posttrain.rollout.elastic import ElasticFleet
     from posttrain.topology.placement import release
 
     if roles.judge is not None:
         roles.judge.close()
     trainers = getattr(roles.trainer, "ranks", [roles.trainer])  # a TrainerGroup's actors, or the one trainer
+    starting = [w for w, _, _ in roles.rollout.starting] if isinstance(roles.rollout, ElasticFleet) else []
     for actor in [*trainers, roles.reward, roles.reference, roles.critic, roles.reward_model, roles.evaluator,
-                  *roles.rollout]:
+                  *roles.rollout, *starting]:
         if actor is not None:
             ray.kill(actor)
     release(roles.placement_group if isinstance(roles.placement_group, list) else [roles.placement_group])

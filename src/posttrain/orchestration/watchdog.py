@@ -199,6 +199,12 @@ class Watchdog:
             raise RolesLost(h.role, f"hung: its {h.kind} call ran {h.elapsed_s:.0f} s, past its bound of "
                                     f"{h.bound_s:.0f} s; killed (stacks in {out_dir})")
 
+    def forget(self, role: str) -> Hang | None:
+        """`role` is gone for good (an elastic fleet's extra that left, rollout/elastic.py): no redone call of its
+        will return. Its hang, when the watchdog killed it for one."""
+        with self._lock:
+            return self._recovering.pop(role, None)
+
     def _recovered(self, hang: Hang) -> None:
         took = time.monotonic() - hang.t0
         facts = hang.summary()

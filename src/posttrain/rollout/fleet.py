@@ -5,6 +5,7 @@ share redone on a fresh one), weight sync to every worker, and greedy held-out a
 from __future__ import annotations
 
 from posttrain.models.loading import PromptEncoder
+from posttrain.orchestration.recovery import LEFT, gather_with_redo
 from posttrain.rewards.verifier import score_one
 from posttrain.rollout.engine import SamplingSpec
 from posttrain.tasks import Problem
@@ -22,19 +23,36 @@ def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
+def left_prompts(chunks: list[tuple[int, int]], parts: list) -> list[int]:
+    """The prompts (indices, in order) of the shares that came back LEFT: their worker left an elastic fleet."""
+    return [k for (a, b), part in zip(chunks, parts) if part is LEFT for k in range(a, b)]
+
+
+def fill_left(chunks: list[tuple[int, int]], parts: list, redone: list) -> list:
+    """`parts` with each LEFT share replaced by its prompts' results, taken in order from `redone` (the results
+    for `left_prompts(chunks, parts)`)."""
+    again = iter(redone)
+    return [[next(again) for _ in range(b - a)] if part is LEFT else part for (a, b), part in zip(chunks, parts)]
+
+
 def generate_on_workers(workers, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int], resync=None, *,
                         watchdog=None, kind: str = "generate"):
     """Shares the prompts among the rollout workers by count; returns completions in prompt order. A worker that
     dies, or hangs past the `watchdog`'s bound for calls of `kind`, is waited for, `resync`ed (see `rollout_resync`)
-    and given the same prompts and seeds again."""
-    from posttrain.orchestration.recovery import gather_with_redo
-
+    and given the same prompts and seeds again. In an elastic fleet (rollout/elastic.py) an extra worker that dies
+    leaves it instead, and its prompts, with their seeds, are shared among the workers still there."""
     chunks = [(a, b) for a, b in split_evenly(len(prompts), len(workers)) if b > a]
+    live = workers[: len(chunks)]  # a copy: an extra that leaves is removed from `workers` meanwhile
     parts = gather_with_redo(
-        workers[: len(chunks)], lambda i: workers[i].generate.remote(prompts[chunks[i][0]:chunks[i][1]], spec,
-                                                                     seeds[chunks[i][0]:chunks[i][1]]),
-        resync=resync, what="generation", watchdog=watchdog, kind=kind,
+        live, lambda i: live[i].generate.remote(prompts[chunks[i][0]:chunks[i][1]], spec,
+                                                seeds[chunks[i][0]:chunks[i][1]]),
+        resync=resync, what="generation", watchdog=watchdog, kind=kind, leave=getattr(workers, "leave", None),
     )
+    redo = left_prompts(chunks, parts)
+    if redo:
+        parts = fill_left(chunks, parts, generate_on_workers(workers, [prompts[k] for k in redo], spec,
+                                                             [seeds[k] for k in redo], resync, watchdog=watchdog,
+                                                             kind=kind))
     return [group for part in parts for group in part]
 
 
@@ -59,9 +77,8 @@ def heldout_accuracy(workers, encoder: PromptEncoder, task, problems: list[Probl
 def sync_weights(roles, blob=None) -> None:
     """Trainer -> every engine, in place. The weights go into the object store once, as arrays the engines read
     without copying (rollout/weights.py), not through the driver. A worker that dies meanwhile gets the same
-    payload again once restarted. `blob`: an export already asked for."""
-    from posttrain.orchestration.recovery import gather_with_redo
-
+    payload again once restarted (an elastic fleet's extra leaves the fleet). `blob`: an export already asked for."""
     blob = blob if blob is not None else roles.trainer.export_arrays.remote()
-    gather_with_redo(roles.rollout, lambda i: roles.rollout[i].update_weights.remote(blob), what="weight sync",
-                     watchdog=roles.watchdog, kind="sync")
+    live = list(roles.rollout)  # a copy: an elastic fleet's extra that dies leaves roles.rollout meanwhile
+    gather_with_redo(live, lambda i: live[i].update_weights.remote(blob), what="weight sync",
+                     watchdog=roles.watchdog, kind="sync", leave=getattr(roles.rollout, "leave", None))
