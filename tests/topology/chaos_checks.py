@@ -1,0 +1,175 @@
+"""Run inside a private network namespace (`unshare -rn`, only `lo` up) by test_chaos.py: a 60-step run on a 2-node
+Ray cluster on 127.0.0.1 while an injector, at seeded random steps, SIGKILLs the worker node (raylet and workers),
+wedges a rollout engine (orchestration/faults.py), SIGKILLs the reward worker's process and starts a new node. Then
+the same run without faults, for the comparison.
+
+The head has 2 CPUs: exactly the run's placement group (trainer 1, reference 0.25, reward 0.25, rollout0 0.5), so
+the elastic workers (rollout.num_workers=1..3) can only live on the worker node (1 CPU: two of them).
+
+    POSTTRAIN_CHAOS_SEED=11 python tests/topology/chaos_checks.py OUT.json MODEL_DIR WORK_DIR"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import psutil
+from cluster_checks import GCS_PORT, start_head, start_worker_node, stop_cluster
+from nodeloss_checks import FAST_HEALTH
+
+STEPS = 60
+
+
+def config(model_dir: str, work: Path, name: str):
+    from posttrain.config import load_config
+
+    return load_config(None, [
+        f"model.path={model_dir}", f"runs_dir={work / 'runs'}", f"name={name}", "task.heldout_size=8", "seed=7",
+        "algorithm.group_size=8", "algorithm.prompts_per_step=16", "algorithm.skip_zero_variance_groups=false",
+        "algorithm.kl_coef=0.02", "reward.weights={verifier: 1.0, length: 1.0}", "rollout.engine=hf",
+        f"train.steps={STEPS}", "eval.every=0", "checkpoint.every=10", "checkpoint.keep_last=10",
+        "logging.progress=false", "topology.torch_threads=1", "rollout.num_workers=1..3",
+        f"ray.address=127.0.0.1:{GCS_PORT}", "ops.hang_min_seconds=10", "ops.hang_factor=5",
+        "ops.hang_cold_seconds=120", "ops.capacity_wait_s=120",
+    ])
+
+
+def schedule(seed: int) -> list[tuple[int, str]]:
+    """(after step, fault), in step order: the node goes early (once an extra engine works on it), a new one comes
+    ~10 steps later; the wedge and the reward kill fall in the second half."""
+    rng = random.Random(seed)
+    kill = rng.randint(8, 14)
+    return sorted([(kill, "kill_node"), (kill + rng.randint(5, 9), "add_node"), (rng.randint(36, 44), "wedge_engine"),
+                   (rng.randint(48, 55), "kill_reward")])
+
+
+def last_step(run_dir: Path) -> int:
+    from posttrain.tracking import read_metrics
+
+    try:
+        return max((m["step"] for m in read_metrics(run_dir) if "time/step" in m), default=0)
+    except (OSError, ValueError):
+        return 0
+
+
+class Injector(threading.Thread):
+    def __init__(self, run_dir: Path, plan: list[tuple[int, str]], nodes: dict, temp: str, faults: Path):
+        super().__init__(daemon=True)
+        self.run_dir, self.plan, self.nodes, self.temp, self.faults = run_dir, plan, nodes, temp, faults
+        self.timeline: list[dict] = []
+
+    def run(self) -> None:
+        for after, fault in self.plan:
+            while last_step(self.run_dir) < after:
+                time.sleep(0.05)
+            t = time.time()
+            detail = getattr(self, fault)()
+            self.timeline.append({"fault": fault, "planned_after_step": after, "after_step": last_step(self.run_dir),
+                                  "time": t, "detail": detail})
+
+    def kill_node(self) -> str:
+        """Once an elastic worker runs on the worker node (the fleet has 2), so that the loss costs the run one."""
+        from posttrain.tracking import read_metrics
+
+        while not any(m.get("fleet/workers", 0) >= 2 for m in read_metrics(self.run_dir)[-1:]):
+            time.sleep(0.05)
+        name, proc = self.nodes.popitem()
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        return f"{name} SIGKILLed (its raylet and every worker on it)"
+
+    def add_node(self) -> str:
+        name = f"node{len(self.timeline) + 2}"
+        self.nodes[name] = start_worker_node(self.temp, len(self.timeline) + 2, label=True, cpus=1, gpus=0)
+        return f"{name} started (1 CPU)"
+
+    def wedge_engine(self) -> str:
+        from posttrain.orchestration.faults import arm
+
+        arm(self.faults, "generate")
+        return "the next rollout generate call blocks forever"
+
+    def kill_reward(self) -> str:
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            if "ray::RewardWorker" in " ".join(p.info["cmdline"] or []):
+                p.kill()
+                return f"RewardWorker pid {p.pid} SIGKILLed"
+        return "no RewardWorker process found"
+
+
+def outcome(cfg, started: float) -> dict:
+    from posttrain.tracking import read_metrics
+    from posttrain.tracking.interruptions import read_interruptions
+
+    samples = [json.loads(x) for x in (cfg.run_dir / "samples.jsonl").read_text().splitlines()]
+    metrics = [m for m in read_metrics(cfg.run_dir) if "time/step" in m]
+    return {"wall_s": time.time() - started, "interruptions": read_interruptions(cfg.run_dir),
+            "steps": [m["step"] for m in metrics], "fleet": [m.get("fleet/workers") for m in metrics],
+            "step_end_times": [], "samples": {s[0]: s[1] for rec in samples for s in rec["samples"]},
+            "sample_ids": [s[0] for rec in samples for s in rec["samples"]],
+            "hangs": sorted(p.name for p in (cfg.run_dir / "hangs").iterdir()) if (cfg.run_dir / "hangs").exists() else []}
+
+
+def final_weights(cfg) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(cfg.run_dir / "checkpoints" / f"step_{STEPS:06d}" / "model" / "model.safetensors"))
+
+
+def main() -> None:
+    out, model_dir, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    seed = int(os.environ.get("POSTTRAIN_CHAOS_SEED", "11"))
+    (work / "home").mkdir(parents=True, exist_ok=True)
+    faults = work / "faults"
+    faults.mkdir(exist_ok=True)
+    os.environ.update(HOME=str(work / "home"), RAY_AUTH_MODE="disabled", POSTTRAIN_FAULTS_DIR=str(faults))
+    import ray
+
+    from posttrain.loop import train
+    from posttrain.orchestration.runtime import actor_env
+
+    result: dict = {"schedule": schedule(seed)}
+    temp = tempfile.mkdtemp(prefix="rch-")
+    head = start_head(temp, FAST_HEALTH, cpus=2, gpus=0)
+    time.sleep(8)
+    nodes = {"node1": start_worker_node(temp, 1, label=True, cpus=1, gpus=0)}
+    injector = None
+    try:
+        ray.init(address=f"127.0.0.1:{GCS_PORT}", log_to_driver=False, runtime_env={"env_vars": actor_env()})
+        deadline = time.time() + 90
+        while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
+            time.sleep(1)
+        result["nodes"] = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        cfg = config(model_dir, work, "chaos")
+        injector = Injector(cfg.run_dir, result["schedule"], nodes, temp, faults)
+        injector.start()
+        t = time.time()
+        train(cfg, progress=False)
+        result["chaos"] = outcome(cfg, t)
+        result["timeline"] = injector.timeline
+        straight = config(model_dir, work, "straight")
+        t = time.time()
+        train(straight, progress=False)
+        result["straight"] = outcome(straight, t)
+        a, b = final_weights(cfg), final_weights(straight)
+        result["weights_equal"] = all((a[k] == b[k]).all().item() for k in a)
+        result["weights_max_abs_diff"] = max(float((a[k] - b[k]).abs().max()) for k in a)
+    except Exception as e:  # noqa: BLE001 -- reported to the test, which fails on it
+        result["error"] = traceback.format_exc() + repr(e)
+        result["timeline"] = injector.timeline if injector else []
+    finally:
+        ray.shutdown()
+        stop_cluster([head, *nodes.values()])
+        Path(out).write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
