@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 from posttrain.config import RunConfig, dump_config
 from posttrain.errors import PosttrainError
 from posttrain.orchestration.recovery import RolesLost
-from posttrain.orchestration.reform import EXIT_CAPACITY, NodeWatch, capacity_text
+from posttrain.orchestration.reform import NodeWatch, create_roles_or_wait, node_left, reformed, roles_lost
 from posttrain.orchestration.watchdog import Watchdog
 from posttrain.evals.alarm_wiring import LoopAlarms, after_step_evals_and_alarms
 from posttrain.evals.in_loop import InLoopEval
@@ -31,7 +30,6 @@ from posttrain.tasks import load_task
 from posttrain.tasks.base import answer_needed
 from posttrain.tasks.dataset import record_report
 from posttrain.tracking import MetricsWriter, open_run_log
-from posttrain.tracking.interruptions import record_interruption
 from posttrain.tracking.notify import Notifier
 from posttrain.training import checkpoint as ckpt
 
@@ -184,87 +182,6 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
 MAX_REFORMS = 5  # re-forms of one `train` call; more means something keeps killing the roles: fail, with the error
 
 
-def roles_lost(cfg: RunConfig, lost: RolesLost, nodes: NodeWatch, notify) -> dict:
-    """After RolesLost escaped a run: what the next attempt needs to re-form (`_train`'s `reforming`): the detection
-    time, whether a checkpoint exists to resume from, the steps that will be trained again, the nodes lost so far."""
-    from posttrain.tracking import read_metrics
-
-    detected = time.time()
-    last = ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints", warn=lambda _: None)
-    ckpt_step = int(last.name[len(ckpt.PREFIX):]) if last else 0
-    done = [m for m in read_metrics(cfg.run_dir) if "time/step" in m and m["step"] > ckpt_step]
-    reforming = {"detected_at": detected, "resume": last is not None, "role": lost.role, "reason": lost.reason,
-                 "from_step": ckpt_step, "redone_steps": len(done), "redone_s": sum(m["time/step"] for m in done),
-                 "nodes_lost": [], "nodes": nodes}
-    alive = nodes_lost(reforming, notify)
-    where = capacity_text(alive) if alive else "a new embedded cluster"
-    print(f"roles lost at step {ckpt_step + len(done)} ({lost}); re-forming them on {where} and resuming from the "
-          f"checkpoint of step {ckpt_step}", file=sys.stderr, flush=True)
-    return reforming
-
-
-def nodes_lost(reforming: dict, notify) -> dict:
-    """Tells ops.notify of each node gone since the last look (Ray may declare a dead node dead only seconds after
-    the roles on it failed), adds them to the incident, and returns the alive nodes."""
-    alive, gone = reforming["nodes"].look()
-    for node in gone:
-        notify("node_lost", node=node[:12], step=reforming["from_step"] + reforming["redone_steps"],
-               role=reforming["role"], reason=reforming["reason"], capacity=capacity_text(alive))
-    reforming["nodes_lost"] += gone
-    return alive
-
-
-def node_left(cfg: RunConfig, nodes: NodeWatch, step: int, notify) -> None:
-    """At a step boundary: a node Ray has declared dead since the last look, while no role had to be re-formed (it
-    held only elastic rollout workers, or Ray declared it dead only after the re-form), is told and recorded."""
-    alive, gone = nodes.look()
-    for node in gone:
-        notify("node_lost", node=node[:12], step=step, capacity=capacity_text(alive))
-        record_interruption(cfg.run_dir, "node_lost", step=step, role="node", node=node,
-                            action=f"node {node[:12]} left the cluster; the run goes on on {capacity_text(alive)}")
-
-
-def create_roles_or_wait(cfg: RunConfig, reforming: dict | None, notify):
-    """create_roles; when re-forming after a loss, Ray gets ops.capacity_wait_s to reserve the roles again, and a
-    cluster that cannot hold them by then ends the run with CapacityLost (exit 76) instead of a config error."""
-    from posttrain.orchestration.reform import capacity_lost
-    from posttrain.orchestration.roles import create_roles
-    from posttrain.topology.placement import placement_for_run
-
-    if reforming is None:
-        return create_roles(cfg, cfg.model.path)
-    t = time.monotonic()
-    try:
-        return create_roles(cfg, cfg.model.path, reserve_timeout_s=max(cfg.ops.capacity_wait_s, 1.0))
-    except PosttrainError as e:
-        if "could not reserve the placement" not in str(e):
-            raise
-        nodes_lost(reforming, notify)
-        record_interruption(cfg.run_dir, "capacity_exit", step=reforming["from_step"], role=reforming["role"],
-                            detected_at=reforming["detected_at"], automatic=False,
-                            action=f"exit {EXIT_CAPACITY}: the cluster could not hold the roles again", reason=str(e),
-                            nodes_lost=reforming["nodes_lost"])
-        raise capacity_lost(placement_for_run(cfg), reforming["nodes"].look()[0], time.monotonic() - t, reforming["from_step"],
-                            resume_command(cfg), reforming["reason"]) from None
-
-
-def reformed(cfg: RunConfig, roles, reforming: dict, notify) -> None:
-    """The roles are back and the checkpoint loaded: record how long it took and say so."""
-    took = time.time() - reforming["detected_at"]
-    where = capacity_text(nodes_lost(reforming, notify))
-    record_interruption(cfg.run_dir, "roles_reformed", step=reforming["from_step"], role=reforming["role"],
-                        detected_at=reforming["detected_at"], recovery_s=took, redone_steps=reforming["redone_steps"],
-                        redone_s=reforming["redone_s"], reason=reforming["reason"], nodes_lost=reforming["nodes_lost"],
-                        action=f"roles re-created on {where}; resumed from the checkpoint of step "
-                               f"{reforming['from_step']} ({reforming['redone_steps']} steps to train again)")
-    if reforming["reason"].startswith("hung:"):  # the watchdog killed a trainer, critic or evaluator
-        notify("hang_recovered", step=reforming["from_step"], role=reforming["role"], seconds=round(took, 1),
-               action="roles re-formed from the checkpoint")
-    if reforming["nodes_lost"]:
-        notify("node_recovered", step=reforming["from_step"], seconds=round(took, 1), capacity=where,
-               redone_steps=reforming["redone_steps"])
-
-
 def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict | None = None,
            nodes: NodeWatch | None = None) -> dict:
     import ray
@@ -337,7 +254,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
                            / ASSUMED_CHECKPOINT_BYTES_PER_S).install()  # after ray.init, which sets its own
     roles = None
     try:
-        roles = create_roles_or_wait(cfg, reforming, notify)
+        roles = create_roles_or_wait(cfg, reforming, notify, resume_command(cfg))
         fleet = roles.rollout if cfg.rollout.elastic else None  # an ElasticFleet (rollout/elastic.py)
         if cfg.ops.watchdog:  # bounds every remote call of the run (orchestration/watchdog.py)
             roles.watchdog = Watchdog(cfg, roles, notify, bar.log)
