@@ -44,10 +44,10 @@ def test_the_chaos_run_finishes_with_every_sample_exactly_once(chaos):
     assert kinds["hang"] >= 1, run["interruptions"]          # the wedged engine
     assert kinds["worker_lost"] >= 1, run["interruptions"]   # the elastic workers on the killed node
     assert run["hangs"], "no stacks were written for the wedged engine"
-    # an extra engine on the worker node before the kill, one worker after it, an extra on the new node later
+    # extra engines (1 or 2) on the worker node before the kill, one worker after it, an extra on the new node later
     killed_after = chaos["timeline"][0]["after_step"]
     added_after = next(t["after_step"] for t in chaos["timeline"] if t["fault"] == "add_node")
-    assert run["fleet"][killed_after - 1] == 2 and run["fleet"][killed_after + 1] == 1, run["fleet"]
+    assert run["fleet"][killed_after - 1] >= 2 and run["fleet"][killed_after + 1] == 1, run["fleet"]
     assert max(run["fleet"][added_after:]) >= 2, f"no engine joined from the new node: {run['fleet']}"
     t0 = chaos["timeline"][0]["time"]
     for t in chaos["timeline"]:
