@@ -101,7 +101,9 @@ class ElasticFleet(list):
             reason = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
         self.log(f"rollout worker {role} left the fleet at step {self.step} ({reason.split(':')[0]}); its share is "
                  f"redone on the {len(self)} workers left")
-        record_interruption(self.run_dir, "worker_lost", step=self.step, role=role, recovery_s=time.perf_counter() - t,
+        # a hang the watchdog caught is a hang (stacks on disk), recovered by dropping the extra; else a lost worker
+        record_interruption(self.run_dir, "hang" if hang is not None else "worker_lost", step=self.step, role=role,
+                            recovery_s=time.perf_counter() - t,
                             action=f"extra rollout worker dropped; its share redone on the {len(self)} left",
                             reason=reason, workers=len(self))
         return True
