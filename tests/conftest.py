@@ -123,3 +123,22 @@ def make_webhook():
 @pytest.fixture
 def webhook(make_webhook):
     return make_webhook()
+
+
+@pytest.fixture
+def train_beside():
+    """`train_beside(cfg, injector)`: runs `posttrain.loop.train(cfg)` while `injector` (a thread with a `stop` Event
+    that kills or wedges something at a chosen step) runs beside it, and stops the injector however the run ends.
+    Returns (summary, wall seconds)."""
+    from posttrain.loop import train
+
+    def run(cfg, injector):
+        injector.start()
+        t = time.monotonic()
+        try:
+            return train(cfg, progress=False), time.monotonic() - t
+        finally:
+            injector.stop.set()
+            injector.join(5)
+
+    return run

@@ -89,17 +89,10 @@ def _samples(run_dir) -> list[dict]:
 
 
 @pytest.mark.integration
-def test_an_extra_worker_joins_and_leaves_without_losing_a_sample(tmp_path, warm_model_dir, capsys):
+def test_an_extra_worker_joins_and_leaves_without_losing_a_sample(tmp_path, warm_model_dir, capsys, train_beside):
     cfg = _config(tmp_path, "elastic", warm_model_dir, "rollout.num_workers=1..2", "ray.num_cpus=4")
     killer = ExtraKiller(cfg.run_dir)
-    killer.start()
-    t = time.perf_counter()
-    try:
-        summary = train(cfg, progress=False)
-    finally:
-        killer.stop.set()
-        killer.join(5)
-    elastic_s = time.perf_counter() - t
+    summary, elastic_s = train_beside(cfg, killer)
     err = capsys.readouterr().err
     assert summary["steps"] == STEPS
     assert killer.killed is not None, "the test never caught the extra worker inside generate()"

@@ -158,8 +158,8 @@ class Wedger(threading.Thread):
 
 @pytest.mark.timeout(300)  # ~50 s; without a watchdog the wedged call would block for ever
 def test_wedged_engine_and_reward_call_are_detected_dumped_restarted_and_redone(tmp_path, tiny_model_dir,
-                                                                                 faults_dir, webhook, capsys):
-    from posttrain.loop import train
+                                                                                 faults_dir, webhook, capsys,
+                                                                                 train_beside):
     from posttrain.rollout.sampler import PromptSampler
     from posttrain.tasks import load_task
 
@@ -172,14 +172,7 @@ def test_wedged_engine_and_reward_call_are_detected_dumped_restarted_and_redone(
         f"ops.notify=[{{url: '{webhook.url}/hooks', events: [hang_detected, hang_recovered]}}]",
     ])
     wedger = Wedger(cfg.run_dir, faults_dir, [(3, "generate"), (5, "reward")])
-    wedger.start()
-    t = time.monotonic()
-    try:
-        summary = train(cfg, progress=False)
-    finally:
-        wedger.stop.set()
-        wedger.join(5)
-    wall = time.monotonic() - t
+    summary, wall = train_beside(cfg, wedger)
     err = capsys.readouterr().err
     assert [p for p, _ in wedger.armed] == ["generate", "reward"], wedger.armed
     assert summary["steps"] == STEPS, err[-3000:]

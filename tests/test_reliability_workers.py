@@ -15,7 +15,6 @@ import psutil
 import pytest
 
 from posttrain.config import load_config
-from posttrain.loop import train
 from posttrain.rollout.sampler import PromptSampler
 from posttrain.tasks import load_task
 from posttrain.tracking import read_metrics
@@ -72,19 +71,14 @@ def _safe_metrics(run_dir):
         return []
 
 
-def test_sigkilled_rollout_worker_loses_and_duplicates_no_sample(tmp_path, warm_model_dir, capsys):
+def test_sigkilled_rollout_worker_loses_and_duplicates_no_sample(tmp_path, warm_model_dir, capsys, train_beside):
     cfg = load_config(None, [
         "name=killworker", f"runs_dir={tmp_path}", f"model.path={warm_model_dir}", f"algorithm.prompts_per_step={PROMPTS}",
         f"algorithm.group_size={GROUP}", "algorithm.kl_coef=0", "rollout.num_workers=2", "task.heldout_size=16",
         "eval.every=0", "checkpoint.every=0", f"train.steps={STEPS}", "logging.progress=false",
     ])
     killer = WorkerKiller(cfg.run_dir, after_step=1)
-    killer.start()
-    try:
-        summary = train(cfg, progress=False)
-    finally:
-        killer.stop.set()
-        killer.join(5)
+    summary, _ = train_beside(cfg, killer)
     err = capsys.readouterr().err
     assert killer.killed is not None, "the test never caught a rollout worker inside generate()"
     assert "died during generation" in err and "redoing its generation" in err, err[-2000:]

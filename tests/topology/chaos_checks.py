@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 from cluster_checks import GCS_PORT, start_head, start_worker_node, stop_cluster
-from nodeloss_checks import FAST_HEALTH
+from nodeloss_checks import FAST_HEALTH, last_step
 
 STEPS = 60
 
@@ -49,15 +49,6 @@ def schedule(seed: int) -> list[tuple[int, str]]:
     kill = rng.randint(8, 14)
     return sorted([(kill, "kill_node"), (kill + rng.randint(5, 9), "add_node"), (rng.randint(36, 44), "wedge_engine"),
                    (rng.randint(48, 55), "kill_reward")])
-
-
-def last_step(run_dir: Path) -> int:
-    from posttrain.tracking import read_metrics
-
-    try:
-        return max((m["step"] for m in read_metrics(run_dir) if "time/step" in m), default=0)
-    except (OSError, ValueError):
-        return 0
 
 
 class Injector(threading.Thread):

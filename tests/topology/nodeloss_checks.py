@@ -70,6 +70,16 @@ def label_of(node_id: str) -> str | None:
     return None
 
 
+def last_step(run_dir: Path) -> int:
+    """The newest step in the run's metrics.jsonl (0 before the first; a line being written is skipped)."""
+    from posttrain.tracking import read_metrics
+
+    try:
+        return max((m["step"] for m in read_metrics(run_dir) if "time/step" in m), default=0)
+    except (OSError, ValueError):
+        return 0
+
+
 class NodeKiller(threading.Thread):
     """Once step KILL_AFTER is in metrics.jsonl, SIGKILLs the process group of a worker node that holds a trainer
     rank (the head holds the GCS and this driver; losing it ends any Ray cluster)."""
@@ -93,18 +103,10 @@ class NodeKiller(threading.Thread):
         killed_at = time.time()
         proc.wait(30)
         self.killed = {"node": label, "node_id": actor.node_id, "rank": actor.repr_name, "time": killed_at,
-                       "after_step": self.last_step()}
-
-    def last_step(self) -> int:
-        from posttrain.tracking import read_metrics
-
-        try:
-            return max((m["step"] for m in read_metrics(self.run_dir) if "time/step" in m), default=0)
-        except (OSError, ValueError):
-            return 0
+                       "after_step": last_step(self.run_dir)}
 
     def wait_for(self, step: int) -> None:
-        while self.last_step() < step:
+        while last_step(self.run_dir) < step:
             time.sleep(0.02)
 
 

@@ -100,15 +100,19 @@ class Watchdog:
         # A hung actor cannot say where it is: ask every role now, while all of them answer.
         self.processes = ask_processes(role_actors(roles), START_ASK_S)
 
+    def _recent(self, kind: str, role: str) -> list[float]:
+        with self._lock:
+            return list(self._durations[(kind, role_family(role))])
+
     def bound(self, kind: str, role: str) -> tuple[float, float | None]:
         """(bound in seconds, median of the recent durations or None while cold) for a call of `kind` on `role`."""
-        with self._lock:
-            recent = list(self._durations[(kind, role_family(role))])
+        recent = self._recent(kind, role)
         median = statistics.median(recent) if len(recent) >= COLD_CALLS else None
         return hang_bound(recent, self.factor, self.min_s, self.cold_s), median
 
     def _deadline(self, kind: str, role: str, started: float, paused0: float) -> float:
-        bound = self.bound(kind, role)[0]
+        # every wait on every remote call passes here: the bound alone (the median is for a hang's report)
+        bound = hang_bound(self._recent(kind, role), self.factor, self.min_s, self.cold_s)
         hang = self._recovering.get(role)
         if hang is not None:  # the restarted actor redoes the call: its start-up comes on top, as on a cold call
             started, bound = max(started, hang.t0), max(bound, self.cold_s)
