@@ -31,7 +31,7 @@ from posttrain.errors import PosttrainError
 
 # Inside the namespaces, as (namespace) root: keep scratch writable, make every other mount read-only, refuse to
 # go on if one stays writable, then run the program (not exec: this shell is PID 1, whose death ends them all).
-_CONFINE_SH = r"""
+CONFINE_SH = r"""
 S="$1"; shift
 mount --make-rprivate / && mount --bind "$S" "$S" || { echo "posttrain-sandbox: mount namespace unusable" >&2; exit 97; }
 for m in $(awk '{print $2}' /proc/self/mounts | sort -r -u); do
@@ -46,6 +46,7 @@ rc=$?
 exit $rc
 """
 CONFINE_FAILED = 97
+SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing else: no API keys, no PYTHONPATH
 
 REASONS = ("ok", "error", "timeout", "cpu_limit", "memory_limit", "process_limit", "file_size_limit",
            "write_denied", "network_denied")
@@ -93,8 +94,9 @@ def isolation_prefix() -> tuple[str, ...]:
     return prefix
 
 
-def _set_limits(limits: SandboxLimits) -> None:
-    """preexec_fn: runs in the child between fork and exec; the limits carry over to every process it starts."""
+def set_limits(limits: SandboxLimits) -> None:
+    """preexec_fn: runs in the child between fork and exec; the limits carry over to every process it starts.
+    Shared with the tool server (rollout/tool_sandbox.py)."""
     os.setsid()
     fsize = int(limits.max_file_mb * 2**20)
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
@@ -115,9 +117,15 @@ def _owner(p: Path) -> int | None:
         return None
 
 
+def confined_command(scratch: Path, argv: list[str]) -> list[str]:
+    """The command line that runs `argv` in the namespaces, every mount read-only but `scratch` (its working dir);
+    it exits CONFINE_FAILED with a "posttrain-sandbox: ..." line on stderr when it cannot confine."""
+    return [*isolation_prefix(), "sh", "-c", CONFINE_SH, "posttrain-sandbox", str(scratch), *argv]
+
+
 def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Runs `code` (a Python program) confined as described above; returns what happened and why it stopped."""
-    prefix = isolation_prefix()
+    isolation_prefix()  # SandboxUnavailable before anything is written
     work = Path(tempfile.mkdtemp(prefix="posttrain-sandbox-"))
     scratch, out_dir = work / "scratch", work / "out"
     scratch.mkdir()
@@ -130,15 +138,13 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
         os.chown(scratch / "main.py", nobody, nobody)
         run_as = ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", "--no-new-privs"]
     os.chmod(work, 0o711)  # nobody must reach scratch/ through it; out/ stays root's
-    cmd = [*prefix, "sh", "-c", _CONFINE_SH, "posttrain-sandbox", str(scratch), *run_as,
-           sys.executable, "-I", "-S", "main.py"]
+    cmd = confined_command(scratch, [*run_as, sys.executable, "-I", "-S", "main.py"])
     start = time.perf_counter()
     timed_out = False
     try:
         with open(out_dir / "stdout", "wb") as out, open(out_dir / "stderr", "wb") as err:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=work,
-                                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                                    preexec_fn=functools.partial(_set_limits, limits))
+                                    env=SANDBOX_ENV, preexec_fn=functools.partial(set_limits, limits))
             try:
                 proc.wait(timeout=limits.wall_seconds)
             except subprocess.TimeoutExpired:
