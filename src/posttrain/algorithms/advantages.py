@@ -17,7 +17,7 @@ from posttrain.algorithms.reinforce_pp import kl_shaped_token_rewards, reinforce
 from posttrain.algorithms.rloo import leave_one_out_advantages
 
 if TYPE_CHECKING:
-    from posttrain.config import AlgorithmConfig
+    from posttrain.config import AlgorithmConfig, RolloutConfig
 
 
 @dataclass
@@ -33,6 +33,13 @@ def uses_groups(acfg: "AlgorithmConfig") -> bool:
 def kl_in_reward(acfg: "AlgorithmConfig") -> bool:
     """True when the KL to the reference is part of the per-token reward (not a loss term) for this algorithm."""
     return acfg.name in KL_IN_REWARD and acfg.kl_coef > 0
+
+
+def sampled_token_budget(rcfg: "RolloutConfig") -> int:
+    """The most tokens the engine samples for one sample: the constant of DAPO's overlong shaping and of Dr.GRPO's
+    loss. max_new_tokens for one completion; a multi-turn episode samples up to max_new_tokens in each of max_turns
+    assistant turns, so its budget is their product (environment and tool tokens are not sampled: not counted)."""
+    return rcfg.max_new_tokens * rcfg.max_turns if rcfg.multi_turn else rcfg.max_new_tokens
 
 
 def shape_rewards(acfg: "AlgorithmConfig", rewards: torch.Tensor, lengths: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

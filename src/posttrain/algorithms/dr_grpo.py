@@ -1,8 +1,9 @@
 """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"): GRPO without its two
 biases. Advantages are group-centred rewards, not divided by the group std (grpo.group_advantages with
 scale=False); the loss sums each sequence's per-token terms and divides by a constant instead of by the sequence's
-own length (the paper's code divides by the generation budget; we use rollout.max_new_tokens), so long wrong
-answers are not penalised less per token than short ones."""
+own length (the paper's code divides by the generation budget; we use rollout.max_new_tokens, times max_turns for
+multi-turn episodes: advantages.sampled_token_budget), so long wrong answers are not penalised less per token than
+short ones."""
 
 from __future__ import annotations
 

@@ -15,7 +15,36 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation. values[b, t] is V(state before token t); the value after the last token is 0
     (the episode ends). delta_t = r_t + gamma * V_{t+1} - V_t; A_t = delta_t + gamma * lam * A_{t+1};
-    returns R_t = A_t + V_t (the critic's regression target). Both 0 where masked."""
+    returns R_t = A_t + V_t (the critic's regression target). Both 0 where masked.
+
+    The mask may have holes: a multi-turn episode's environment and tool tokens are not actions, so GAE runs over
+    each row's masked-in tokens in order (t+1 is the next sampled token, across a tool turn) and leaves 0 at the
+    holes. Without holes the gather and scatter are the identity."""
+    index, valid = _masked_in_positions(mask)
+    valid = valid.to(values.dtype)
+    adv, returns = _gae_contiguous(token_rewards.gather(1, index) * valid, values.gather(1, index) * valid, valid,
+                                   gamma, lam)
+
+    def scatter(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(values).scatter_(1, index, x * valid)
+
+    return scatter(adv), scatter(returns)
+
+
+def _masked_in_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each row's masked-in entries are, in order, left-aligned: index [B, W] into the row and valid [B, W]
+    (bool, True for the row's first count entries), W the largest count (at least 1)."""
+    counts = (mask > 0).sum(-1)
+    width = max(1, int(counts.max()) if counts.numel() else 0)
+    # A stable sort of "is masked out" puts the masked-in positions first, in their order.
+    index = torch.sort((mask <= 0).to(torch.uint8), dim=-1, stable=True).indices[:, :width]
+    return index, torch.arange(width).unsqueeze(0) < counts.unsqueeze(1)
+
+
+def _gae_contiguous(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gae` for a mask of 1s then padding in each row."""
     mask = mask.to(values.dtype)
     B, T = values.shape
     adv = torch.zeros_like(values)

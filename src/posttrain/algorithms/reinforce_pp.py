@@ -17,9 +17,12 @@ def returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tens
 
 
 def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Places each sequence's scalar reward on its last valid token: [B], [B, T] -> [B, T]."""
+    """Places each sequence's scalar reward on its last valid token: [B], [B, T] -> [B, T]. The mask may have holes
+    (a multi-turn episode's environment and tool tokens): the reward goes on the last sampled token, not on
+    position sum(mask) - 1."""
     out = torch.zeros_like(mask, dtype=torch.float32)
-    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    positions = torch.arange(mask.shape[-1]).expand_as(mask)
+    last = torch.where(mask > 0, positions, -1).amax(-1).clamp(min=0)
     out[torch.arange(len(rewards)), last] = rewards.float() * (mask.sum(-1) > 0).float()
     return out
 

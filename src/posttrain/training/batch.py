@@ -14,14 +14,21 @@ class PackedBatch:
     input_ids: torch.Tensor       # [B, L] prompt + completion, right-padded with pad_id
     attention_mask: torch.Tensor  # [B, L]
     targets: torch.Tensor         # [B, T] completion tokens, right-padded
-    completion_mask: torch.Tensor  # [B, T] 1 on real completion tokens
+    completion_mask: torch.Tensor  # [B, T] 1 on the completion tokens trained on (all real ones, or the loss mask's)
     starts: torch.Tensor          # [B] index in input_ids of each completion's first token
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
-    """Right-pads each prompt+completion to the longest; position ids then start at 0 for every row."""
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+         loss_masks: list[list[int]] | None = None) -> PackedBatch:
+    """Right-pads each prompt+completion to the longest; position ids then start at 0 for every row.
+    `loss_masks` (multi-turn episodes: one 0/1 per completion token, 1 = sampled by the engine) becomes the
+    completion mask, so logprobs, entropy and every loss count sampled tokens only; the forward still runs over all
+    tokens (environment and tool tokens are context). None: every completion token is trained."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    if loss_masks is not None and [len(m) for m in loss_masks] != [len(c) for c in completions]:
+        raise ValueError(f"loss masks of {[len(m) for m in loss_masks]} tokens for completions of "
+                         f"{[len(c) for c in completions]} tokens: one mask entry per completion token")
     seqs = [p + c for p, c in zip(prompts, completions)]
     L = max(len(s) for s in seqs)
     T = max(1, max(len(c) for c in completions))
@@ -35,7 +42,7 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
         attention[i, : len(p) + len(c)] = 1
         if c:
             targets[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-            cmask[i, : len(c)] = 1.0
+            cmask[i, : len(c)] = torch.tensor(loss_masks[i], dtype=torch.float32) if loss_masks is not None else 1.0
     starts = torch.tensor([len(p) for p in prompts], dtype=torch.long)
     return PackedBatch(input_ids, attention, targets, cmask, starts)
 

@@ -41,20 +41,24 @@ class Critic(ActorProcess):
         return at_completion_positions(out.logits.float(), packed).squeeze(-1) * packed.completion_mask
 
     @torch.no_grad()
-    def values(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
-        """V(state before token t) for each completion token; one list per sample, as long as its completion."""
+    def values(self, prompts: list[list[int]], completions: list[list[int]],
+               loss_masks: list[list[int]] | None = None) -> list[list[float]]:
+        """V(state before token t) for each completion token; one list per sample, as long as its completion.
+        With `loss_masks` (multi-turn), 0 on environment and tool tokens: they are not actions."""
         if not completions:
             return []
         self.model.eval()
-        v = self._values(pack(prompts, completions, self.pad_id))
+        v = self._values(pack(prompts, completions, self.pad_id, loss_masks))
         return [v[i, : len(c)].tolist() for i, c in enumerate(completions)]
 
-    def train_step(self, prompts, completions, returns: list[list[float]], old_values: list[list[float]]) -> dict:
-        """updates_per_batch passes of `minibatches` clipped value-loss steps each over the batch (like the policy)."""
+    def train_step(self, prompts, completions, returns: list[list[float]], old_values: list[list[float]],
+                   loss_masks: list[list[int]] | None = None) -> dict:
+        """updates_per_batch passes of `minibatches` clipped value-loss steps each over the batch (like the policy);
+        with `loss_masks` (multi-turn), the value loss counts sampled tokens only."""
         from posttrain.training.trainer import _select, pad_rows
 
         a = self.cfg.algorithm
-        packed = pack(prompts, completions, self.pad_id)
+        packed = pack(prompts, completions, self.pad_id, loss_masks)
         T = packed.completion_mask.shape[1]
         R, V_old = pad_rows(returns, T), pad_rows(old_values, T)
         n = len(completions)

@@ -142,7 +142,7 @@ class ShardedTrainer(Trainer):
                     completion_logprobs(self.model, sub, temp), old_lp[rows], advantages[rows], sub.completion_mask,
                     clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
                     ref_logprobs=ref[rows] if ref is not None else None, kl_coef=kl_loss_coef, agg=a.loss_agg,
-                    agg_constant=self.cfg.rollout.max_new_tokens,
+                    agg_constant=x.agg_constant,
                 )
                 share = loss_share(mask[local], mask[idx], a.loss_agg) if len(local) else 0.0
                 tokens = float(mask[local].sum()) / max(float(mask[idx].sum()), 1.0) if len(local) else 0.0

@@ -21,7 +21,8 @@ class ReferenceModel(ActorProcess):
 
     @torch.no_grad()
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
-        """One list per sample with log p_ref of each completion token (same length as the completion)."""
+        """One list per sample with log p_ref of each completion token (same length as the completion). A multi-turn
+        completion's environment and tool tokens get theirs too: the trainer and the step mask them out."""
         if not completions:
             return []
         packed = pack(prompts, completions, self.pad_id)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms.advantages import kl_in_reward
+from posttrain.algorithms.advantages import kl_in_reward, sampled_token_budget
 from posttrain.algorithms.grpo import clipped_policy_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import load_causal_lm
@@ -26,12 +26,13 @@ TRAINER_STATE = "trainer_state.pt"
 @dataclass
 class StepInputs:
     packed: PackedBatch
-    mask: torch.Tensor            # [N, T] completion tokens
+    mask: torch.Tensor            # [N, T] the completion tokens trained on (the loss mask where given)
     advantages: torch.Tensor      # [N, T]
     kl_loss_coef: float
     ref: torch.Tensor | None      # reference logprobs when the loss has a KL term
     engine_lp: torch.Tensor       # the engine's logprobs of the sampled tokens
     lr: float
+    agg_constant: int             # tokens: the denominator of loss_agg=constant (Dr.GRPO)
 
 
 @dataclass
@@ -43,6 +44,8 @@ class TrainBatch:
     advantages: list[float] | list[list[float]]  # one per sample, or one per completion token (PPO, REINFORCE++)
     engine_logprobs: list[list[float]]
     ref_logprobs: list[list[float]] | None = None
+    # Multi-turn: per completion token 1 = sampled (trained), 0 = environment/tool (context only); None: all trained.
+    loss_masks: list[list[int]] | None = None
     sample_ids: list[str] = field(default_factory=list)
     step: int = 0  # the driver's step index (0-based): sets the learning rate, so a resume follows the same schedule
 
@@ -82,9 +85,10 @@ class Trainer(ActorProcess):
 
     def _step_inputs(self, batch: TrainBatch) -> StepInputs:
         """The batch as padded tensors, and the step's learning rate set on the optimizer (shared by the ranks of
-        the sharded trainer, which pack the whole batch the same way)."""
+        the sharded trainer, which pack the whole batch the same way). `mask` is the loss mask where the batch has
+        one: every loss term, logprob and metric below counts sampled tokens only."""
         a = self.cfg.algorithm
-        packed = pack(batch.prompts, batch.completions, self.pad_id)
+        packed = pack(batch.prompts, batch.completions, self.pad_id, batch.loss_masks)
         T = packed.completion_mask.shape[1]
         # PPO and REINFORCE++ put the KL into the reward (the loop did); the others add a k3 term to the loss.
         kl_loss_coef = 0.0 if kl_in_reward(a) else a.kl_coef
@@ -94,6 +98,7 @@ class Trainer(ActorProcess):
         return StepInputs(
             packed=packed, mask=packed.completion_mask, advantages=_advantage_tensor(batch.advantages, T),
             kl_loss_coef=kl_loss_coef, engine_lp=pad_rows(batch.engine_logprobs, T), lr=lr,
+            agg_constant=sampled_token_budget(self.cfg.rollout),
             ref=pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None and kl_loss_coef > 0 else None,
         )
 
@@ -145,7 +150,7 @@ class Trainer(ActorProcess):
                     ref_logprobs=ref[idx] if ref is not None else None,
                     kl_coef=kl_loss_coef,
                     agg=a.loss_agg,
-                    agg_constant=self.cfg.rollout.max_new_tokens,
+                    agg_constant=x.agg_constant,
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
