@@ -189,6 +189,30 @@ class RolloutConfig(_Section):
         "against the engine's logprobs of the behaviour policy); needs temperature 1 and top_p 1.",
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig)
+    # Multi-turn episodes (docs/multi-turn.md): on when an environment or tools are set.
+    environment: str | None = Field(
+        None, description="Multi-turn: an Environment class from user code, path/to/file.py:Class or "
+        "package.module:Class (protocol in rollout/environment.py); None = the built-in chat environment (the row's "
+        "prompt, then tool calls until the policy answers without one).",
+    )
+    tools: list[str] = Field(
+        default_factory=list, description="Tools the policy may call, each path/to/file.py:function (type hints and "
+        "a docstring make its JSON schema, given to the chat template as `tools`); calls run in the sandbox.",
+    )
+    tool_parser: Literal["hermes", "json"] = Field(
+        "hermes", description="How tool calls are read from the policy's text: hermes (Qwen/Hermes "
+        "<tool_call>{json}</tool_call>) or json (a bare {\"name\": ..., \"arguments\": ...} object).",
+    )
+    max_turns: int = Field(4, description="Multi-turn: most assistant turns per episode (>= 1).")
+    max_total_tokens: int | None = Field(
+        None, gt=0, description="Multi-turn: most tokens per episode, prompt and every turn included; None = "
+        "rollout.vllm.max_model_len. max_new_tokens bounds each assistant turn.",
+    )
+    tool_timeout_seconds: float = Field(5.0, gt=0, description="Wall-clock limit of one tool call (sandbox).")
+    tool_memory_mb: int = Field(512, gt=0, description="Address-space limit of the sandboxed tool process (MB).")
+    environment_timeout_seconds: float = Field(
+        30.0, gt=0, description="Limit of one environment call (reset or step) for a turn's episodes together.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -211,6 +235,13 @@ class RolloutConfig(_Section):
 
     @model_validator(mode="after")
     def _check_max(self) -> "RolloutConfig":
+        if self.max_total_tokens is not None and self.max_total_tokens > self.vllm.max_model_len:
+            raise ValueError(f"rollout.max_total_tokens={self.max_total_tokens} is above rollout.vllm.max_model_len="
+                             f"{self.vllm.max_model_len}: the engines could not hold a whole episode; raise "
+                             "max_model_len or lower max_total_tokens")
+        if self.max_turns < 1:
+            raise ValueError(f"rollout.max_turns={self.max_turns}: an episode needs at least one assistant turn; set "
+                             "1 or more (1 = one completion per sample, as without multi-turn)")
         if self.num_workers_max is not None and self.num_workers_max < self.num_workers:
             raise ValueError(f"rollout.num_workers_max={self.num_workers_max} is below rollout.num_workers="
                              f"{self.num_workers} (the fleet's minimum)")
@@ -220,6 +251,15 @@ class RolloutConfig(_Section):
                              "fleet while the driver grows and shrinks it; set a fixed rollout.num_workers or "
                              "rollout.async_one_step_off=false")
         return self
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes of several turns (an environment or tools configured) instead of one completion per sample."""
+        return self.environment is not None or bool(self.tools)
+
+    @property
+    def episode_token_limit(self) -> int:
+        return self.max_total_tokens or self.vllm.max_model_len
 
     @property
     def elastic(self) -> bool:

@@ -54,6 +54,22 @@ class RunState:
                    d.get("reward_functions", {}))
 
 
+def heldout(cfg: RunConfig, roles, encoder: PromptEncoder, task) -> dict:
+    """Held-out accuracy by the rollout engines (greedy): {"eval/heldout_accuracy": ...}; for multi-turn runs the
+    success of whole episodes, and the tool-call validity too (rollout/episodes.py)."""
+    if roles.episodes is not None:
+        from posttrain.rollout.episodes import episode_heldout
+
+        got = episode_heldout(roles.episodes, roles.rollout, task, task.heldout, cfg.eval.max_new_tokens,
+                              rollout_resync(roles), roles.watchdog)
+        out = {"eval/heldout_accuracy": got["success"]}
+        if got["tool_call_validity"] is not None:
+            out["eval/tool_call_validity"] = got["tool_call_validity"]
+        return out
+    return {"eval/heldout_accuracy": heldout_accuracy(roles.rollout, encoder, task, task.heldout,
+                                                      cfg.eval.max_new_tokens, rollout_resync(roles), roles.watchdog)}
+
+
 # ---------------------------------------------------------------------------------------------- the run
 
 
@@ -205,6 +221,12 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
     tokenizer = load_tokenizer(cfg.model.path)
     check_vocab(cfg.model.path, tokenizer)  # here, not first inside a Ray actor
     encoder = PromptEncoder(tokenizer, cfg.model.chat_template)
+    episodes = None
+    if cfg.rollout.multi_turn:  # environment, tools and chat template checked here, before any actor
+        from posttrain.rollout.episodes import EpisodeRunner
+
+        episodes = EpisodeRunner(cfg, tokenizer, cfg.model.path)
+        encoder = episodes.prompt_encoder()
     longest = max(len(encoder.encode(p.prompt)) for p in task.train[:2000] + task.heldout)
     if longest + cfg.rollout.max_new_tokens > cfg.rollout.vllm.max_model_len:
         raise PosttrainError(
@@ -255,6 +277,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
     roles = None
     try:
         roles = create_roles_or_wait(cfg, reforming, notify, resume_command(cfg))
+        roles.episodes = episodes
         fleet = roles.rollout if cfg.rollout.elastic else None  # an ElasticFleet (rollout/elastic.py)
         if cfg.ops.watchdog:  # bounds every remote call of the run (orchestration/watchdog.py)
             roles.watchdog = Watchdog(cfg, roles, notify, bar.log)
@@ -268,10 +291,10 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
         if reforming is not None:
             reformed(cfg, roles, reforming, notify)
         if state.step == 0 and not state.eval_history:
-            acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
-                                   rollout_resync(roles), roles.watchdog)
+            got = heldout(cfg, roles, encoder, task)
+            acc = got["eval/heldout_accuracy"]
             state.eval_history.append({"step": 0, "heldout_accuracy": acc})
-            writer.write({"step": 0, "eval/heldout_accuracy": acc})
+            writer.write({"step": 0, **got})
             bar.log(f"held-out accuracy before RL: {acc:.3f} ({len(task.heldout)} problems)")
         bar.update(state.step)
         last_ckpt_step = state.step if resume_path is not None else -1
@@ -296,9 +319,9 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
             record.update(fleet.metrics() if fleet is not None else {})  # fleet/workers, fleet/joined, fleet/left
             if cfg.eval.every and state.step % cfg.eval.every == 0 and state.step < cfg.train.steps:
                 t = time.perf_counter()
-                acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
-                                   rollout_resync(roles), roles.watchdog)
-                record["eval/heldout_accuracy"] = acc
+                got = heldout(cfg, roles, encoder, task)
+                acc = got["eval/heldout_accuracy"]
+                record.update(got)
                 record["time/eval"] = time.perf_counter() - t
                 state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
             record.update(alarms.observe(record, [s[1] for s in samples["samples"]], [s[2] for s in samples["samples"]]))
@@ -315,10 +338,10 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
             if sigterm.requested and state.step < cfg.train.steps:
                 raise preempt(cfg, roles, state, sigterm, last_ckpt_step)
         if not state.eval_history or state.eval_history[-1]["step"] != state.step:
-            acc = heldout_accuracy(roles.rollout, encoder, task, task.heldout, cfg.eval.max_new_tokens,
-                                   rollout_resync(roles), roles.watchdog)
+            got = heldout(cfg, roles, encoder, task)
+            acc = got["eval/heldout_accuracy"]
             state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
-            writer.write({"step": state.step, "eval/heldout_accuracy": acc})
+            writer.write({"step": state.step, **got})
         final_ckpt = save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step else ckpt.latest_valid_checkpoint(run_dir / "checkpoints")
         writer.log_checkpoint(state.step, final_ckpt)
         if in_loop is not None:  # the final checkpoint too; waits for the evaluator
@@ -343,6 +366,8 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
         sample_log.close()
         if roles is not None:
             destroy_roles(roles)
+        if episodes is not None:
+            episodes.close()
         if started_ray:
             stop_ray()
 

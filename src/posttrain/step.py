@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from posttrain.algorithms.advantages import compute_advantages, shape_rewards, uses_groups
+from posttrain.algorithms.advantages import compute_advantages, sampled_token_budget, shape_rewards, uses_groups
 from posttrain.algorithms.dapo import fill_groups
 from posttrain.algorithms.grpo import nonzero_variance_groups
 from posttrain.config import RunConfig
@@ -16,62 +16,34 @@ from posttrain.models.loading import PromptEncoder
 from posttrain.orchestration.watchdog import watched_get
 from posttrain.preemption import point_of_no_return
 from posttrain.rewards.functions import function_failure_counts
-from posttrain.rewards.scoring import component_means, score_batch
+from posttrain.rewards.scoring import component_means
 from posttrain.rewards.verifier import failure_counts
-from posttrain.rollout.engine import SamplingSpec
-from posttrain.rollout.fleet import generate_on_workers, rollout_resync, sync_weights
-from posttrain.rollout.sampler import PromptSampler, sample_seed
+from posttrain.rollout.fleet import sync_weights
+from posttrain.rollout.sampler import PromptSampler
+from posttrain.rollout.multi_turn import rollout_multi_turn
 from posttrain.rollout.samples import StepSamples
+from posttrain.rollout.single_turn import rollout_single_turn
 from posttrain.tasks import Problem
 from posttrain.training.trainer import TrainBatch
 
 TIME_KEYS = ("generate", "reward", "reference", "train", "sync")
 
 
-
-
 def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, problems: list[Problem],
                       first_index: int, times: dict) -> StepSamples:
-    """Samples group_size completions for each problem and scores them; `first_index` numbers the problems within
-    the step (for their sampling seeds) when a step rolls out more than once. Adds to times["generate"/"reward"]."""
-    n = cfg.algorithm.group_size
-    prompts = [encoder.encode(p.prompt) for p in problems]
-    seeds = [sample_seed(cfg.seed, step, first_index + i) for i in range(len(problems))]
-    spec = SamplingSpec(n=n, max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                        top_p=cfg.rollout.top_p)
-    t = time.perf_counter()
-    groups = generate_on_workers(roles.rollout, prompts, spec, seeds, rollout_resync(roles), watchdog=roles.watchdog)
-    times["generate"] += time.perf_counter() - t
-
-    # Flatten group by group; a sample's id is (step, prompt_id, sample_index).
-    out = StepSamples()
-    for p, ids, comps in zip(problems, prompts, groups):
-        if len(comps) != n:
-            raise RuntimeError(f"engine returned {len(comps)} completions for {p.id}, expected {n}")
-        for j, c in enumerate(comps):
-            out.sample_ids.append(f"{step}/{p.id}/{j}")
-            out.prompts.append(ids)
-            out.completions.append(list(c.token_ids))
-            out.engine_logprobs.append(list(c.logprobs))
-            out.items.append((p.id, p.prompt, p.answer, encoder.decode_completion(c.token_ids)))
-
-    t = time.perf_counter()
-    scored = score_batch(cfg, roles, out.items, [len(c) for c in out.completions], roles.judge,
-                         completion_ids=out.completions, sample_ids=out.sample_ids, step=step + 1,
-                         columns=[p.columns for p in problems for _ in range(n)])
-    times["reward"] += time.perf_counter() - t
-    out.rewards = scored.rewards
-    out.function_errors = scored.function_errors or [{} for _ in range(len(out))]
-    out.errors = scored.errors
-    out.verifier = scored.verifier
-    out.components = [{k: v[i] for k, v in scored.components.items()} for i in range(len(out))]
-    return out
+    """The step's rollout of `problems`, scored: multi-turn episodes when the run has an environment or tools
+    (rollout/multi_turn.py), else one completion per sample (rollout/single_turn.py); `first_index` numbers the
+    problems within the step for their seeds. Adds to `times`."""
+    rollout = rollout_multi_turn if getattr(roles, "episodes", None) is not None else rollout_single_turn
+    return rollout(cfg, step, roles, encoder, problems, first_index, times)
 
 
 def shaped_rewards(cfg: RunConfig, samples: StepSamples) -> torch.Tensor:
-    lengths = torch.tensor([len(c) for c in samples.completions])
+    # Multi-turn: the sampled tokens against the episode's budget, max_new_tokens * max_turns (sampled_token_budget).
+    lengths = torch.tensor([sum(m) for m in samples.loss_masks] if samples.loss_masks
+                           else [len(c) for c in samples.completions])
     return shape_rewards(cfg.algorithm, torch.tensor(samples.rewards, dtype=torch.float32), lengths,
-                         cfg.rollout.max_new_tokens)
+                         sampled_token_budget(cfg.rollout))
 
 
 def signal_groups(cfg: RunConfig, samples: StepSamples) -> list[bool]:
@@ -113,6 +85,7 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
     n = a.group_size
     rewards = torch.tensor(generated.rewards, dtype=torch.float32)
     failures = sum(err is not None for err in generated.errors)
+    turn_times = times.pop("generate_turns", [])  # multi-turn: generate seconds per assistant turn
 
     train_metrics: dict = {}
     if len(train_set):
@@ -126,14 +99,15 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
         adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
         batch = TrainBatch(
             prompts=k_prompts, completions=k_comps, advantages=adv, engine_logprobs=train_set.engine_logprobs,
-            ref_logprobs=ref_lp, sample_ids=train_set.sample_ids, step=step,
+            ref_logprobs=ref_lp, loss_masks=train_set.loss_masks or None, sample_ids=train_set.sample_ids, step=step,
         )
         t = time.perf_counter()
         point_of_no_return()  # a SIGTERM from here on lets the step finish (preemption.py)
         calls = [(roles.trainer.train_step.remote(batch), "train", "trainer")]
         if roles.critic is not None:
             calls.append((roles.critic.train_step.remote(k_prompts, k_comps, token_stats.pop("returns"),
-                                                         token_stats.pop("values")), "train", "critic"))
+                                                         token_stats.pop("values"), train_set.loss_masks or None),
+                          "train", "critic"))
         for part in watched_get(roles.watchdog, calls):
             train_metrics.update(part)
         train_metrics.update(token_stats)
@@ -143,7 +117,9 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
         times["sync"] = time.perf_counter() - t
 
     total = time.perf_counter() - t_start
-    gen_tokens = sum(len(c) for c in generated.completions)
+    # sampled tokens (a multi-turn completion also holds the environment's and tools' tokens)
+    gen_tokens = (sum(sum(m) for m in generated.loss_masks) if generated.loss_masks
+                  else sum(len(c) for c in generated.completions))
     record = {
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
@@ -175,8 +151,15 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
                "reward_errors": {sid: err for sid, err in zip(generated.sample_ids, generated.errors) if err is not None}}
     if roles.watchdog is not None:
         record["hangs"] = roles.watchdog.hangs  # so far in this process (runs/<name>/interruptions.jsonl: each one)
-    for k in TIME_KEYS:
-        record[f"time/{k}"] = times[k]
+    if generated.episodes:  # multi-turn: turns, tool calls, tool errors by kind, end reasons, tokens
+        from posttrain.rollout.episode_metrics import episode_metrics
+
+        record.update(episode_metrics(generated.episodes))
+        samples["episodes"] = dict(zip(generated.sample_ids, generated.episodes))
+        record.update({f"time/generate_turn{k + 1}": s for k, s in enumerate(turn_times)})
+    for k in (*TIME_KEYS, "tools", "environment"):
+        if k in times:
+            record[f"time/{k}"] = times[k]
     record["time/other"] = max(0.0, total - sum(times.values()))
     record["time/step"] = total
     return record, samples
@@ -194,13 +177,15 @@ def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp) -> tuple[
         return compute_advantages(a, rewards).advantages.tolist(), stats
     lengths = [len(c) for c in batch.completions]
     T = max(1, max(lengths))
-    mask = pad_rows([[1.0] * k for k in lengths], T)
+    # Multi-turn: the loss mask, so environment and tool tokens get no KL, no reward and no advantage (GAE and the
+    # returns run over the sampled tokens only: algorithms/ppo.gae); single-turn: every completion token.
+    mask = pad_rows(batch.loss_masks or [[1.0] * k for k in lengths], T)
     logprobs = pad_rows(batch.engine_logprobs, T)  # pi_old for the KL in the reward (gap to the trainer's: ~1e-7)
     ref = pad_rows(ref_lp, T) if ref_lp is not None else None
     values = None
     if roles.critic is not None:
-        stats["values"] = watched_get(roles.watchdog, [(roles.critic.values.remote(batch.prompts, batch.completions),
-                                                        "values", "critic")])[0]
+        call = roles.critic.values.remote(batch.prompts, batch.completions, batch.loss_masks or None)
+        stats["values"] = watched_get(roles.watchdog, [(call, "values", "critic")])[0]
         values = pad_rows(stats["values"], T)
     out = compute_advantages(a, rewards, mask=mask, logprobs=logprobs, ref_logprobs=ref, values=values)
     if ref is not None:

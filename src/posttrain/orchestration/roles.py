@@ -23,6 +23,7 @@ class Roles:
     judge: Any | None = None         # JudgeReward (in the driver: it only waits on HTTP), for a 'judge' weight
     evaluator: Any | None = None     # CheckpointEvaluator (evals/in_loop.py), when eval.suites is set
     watchdog: Any | None = None      # orchestration/watchdog.py: remote calls past their bound are hangs
+    episodes: Any | None = None      # rollout/episodes.EpisodeRunner (in the driver), for multi-turn runs
 
 
 def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:

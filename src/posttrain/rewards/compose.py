@@ -6,6 +6,7 @@ Sources (names used in `reward.weights` and logged as `reward/<name>`):
     judge     an LLM judge's score (rewards/judge.py), mapped to [0, 1]
     length    -(completion tokens) / rollout.max_new_tokens, in [-1, 0]
     format    1 when the completion matches `reward.format_regex`, else 0
+    environment  a multi-turn environment's reward for the episode (the sum of its turns'; None = gave none)
     <name>    a reward function from user code (`reward.functions`, rewards/functions.py); its weight is there.
               Its score may be None (does not apply): that sample adds nothing from it.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-SOURCES = ("verifier", "rm", "judge", "length", "format")
+SOURCES = ("verifier", "rm", "judge", "length", "format", "environment")
 
 
 def normalize(scores: list[float], mean: float, std: float) -> list[float]:

@@ -27,13 +27,17 @@ class ScoredBatch:
 
 def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_tokens: list[int],
                 judge=None, *, completion_ids: list[list[int]] | None = None, sample_ids: list[str] | None = None,
-                step: int | str = "?", columns: list[dict] | None = None) -> ScoredBatch:
+                step: int | str = "?", columns: list[dict] | None = None,
+                extra: dict[str, list] | None = None) -> ScoredBatch:
     """items: (problem_id, prompt, answer, completion_text) per sample; completion_tokens: their lengths.
     completion_ids, sample_ids, the dataset row's other columns (one dict per sample) and step are what reward
-    functions (reward.functions) are given and name in errors."""
+    functions (reward.functions) are given and name in errors. `extra`: scores computed elsewhere, by source
+    (a multi-turn environment's: 'environment', weight 1 unless reward.weights sets one)."""
     from posttrain.orchestration.watchdog import watched_get
 
     w = dict(cfg.reward.weights)
+    if extra and "environment" in extra:
+        w.setdefault("environment", 1.0)
     texts = [it[3] for it in items]
     calls = {"verifier": (roles.reward.score.remote(items), "reward", "reward")}
     if cfg.reward.functions:  # in the reward worker, each in its own child process, while the verifier scores
@@ -47,7 +51,7 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
     if w.get("rm"):
         calls["rm"] = (roles.reward_model.member_scores.remote([(it[1], it[3]) for it in items]), "reward",
                        "reward_model")
-    components: dict[str, list[float]] = {}
+    components: dict[str, list[float]] = dict(extra or {})
     errors: list[str | None] = [None] * len(items)
     if w.get("judge"):  # HTTP from the driver while the actors score
         judged = judge.results([(prompt_text(it[1]), it[3]) for it in items])

@@ -84,3 +84,17 @@ def data_fingerprint(problems: list[Problem]) -> str:
 
     rows = [[p.id, p.prompt, p.answer, *([p.columns] if p.columns else [])] for p in problems]
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+
+
+def turn_seed(first_turn_seed: int, turn: int) -> int:
+    """Seed of an episode's assistant turn `turn` (0-based) in a multi-turn rollout. Turn 0 is sampled like a
+    single-turn completion (`first_turn_seed` = the prompt's seed + sample index), so a one-turn episode draws what
+    a single-turn rollout draws; later turns take a splitmix64 hash of (seed, turn) in [2**63, 2**64), a range no
+    first-turn seed (< 2**63, see `sample_seed`) is in, so a later turn never shares a first turn's stream."""
+    if turn == 0:
+        return first_turn_seed
+    mask = (1 << 64) - 1
+    x = (first_turn_seed * 0x9E3779B97F4A7C15 + turn * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return (x ^ (x >> 31)) | (1 << 63)

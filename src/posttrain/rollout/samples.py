@@ -18,6 +18,9 @@ class StepSamples:
     verifier: list[float] = field(default_factory=list)          # the verifier's score (accuracy is counted on it)
     components: list[dict] = field(default_factory=list)         # reward source -> score (logged as reward/<source>)
     function_errors: list[dict] = field(default_factory=list)    # reward function -> why it failed (reward.functions)
+    # Multi-turn episodes (rollout/episodes.py) only; both stay empty for single-turn rollouts.
+    loss_masks: list[list[int]] = field(default_factory=list)    # per completion token: 1 sampled, 0 environment/tool
+    episodes: list[dict] = field(default_factory=list)           # Episode.record(): turns, end reason, tool calls
 
     def __len__(self) -> int:
         return len(self.sample_ids)

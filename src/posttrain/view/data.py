@@ -41,6 +41,7 @@ class RunView:
     samples: dict[int, list]  # step -> [[id, text, reward], ...] for the chosen steps
     sample_steps: list[int]  # every step that has samples
     notes: list[str] = field(default_factory=list)  # things the reader noticed (a half-written line, ...)
+    episodes: dict[int, dict] = field(default_factory=dict)  # multi-turn runs: step -> {sample id: Episode.record()}
 
     @property
     def steps(self) -> list[dict]:
@@ -148,12 +149,12 @@ def read_checkpoints(root: Path) -> list[Checkpoint]:
 STEP_PREFIX = re.compile(r'^\{"step": (\d+)[,}]')  # how the loop writes samples.jsonl lines
 
 
-def read_samples(path: Path, wanted: list[int] | None, notes: list[str]) -> tuple[list[int], dict[int, list]]:
-    """(every step with samples, {step: samples} for the wanted steps; default first, middle, last). Only the
-    wanted lines are parsed in full: samples.jsonl grows by a batch of completions per step and is re-read on
-    every rebuild of a served page."""
+def read_samples(path: Path, wanted: list[int] | None, notes: list[str]) -> tuple[list[int], dict[int, list], dict[int, dict]]:
+    """(every step with samples, {step: samples} and {step: episodes} (multi-turn runs only) for the wanted steps;
+    default first, middle, last). Only the wanted lines are parsed in full: samples.jsonl grows by a batch of
+    completions per step and is re-read on every rebuild of a served page."""
     if not path.exists():
-        return [], {}
+        return [], {}, {}
     lines = [l for l in path.read_text(errors="replace").split("\n") if l.strip()]
     index: dict[int, int] = {}  # step -> line index
     for i, line in enumerate(lines):
@@ -164,19 +165,21 @@ def read_samples(path: Path, wanted: list[int] | None, notes: list[str]) -> tupl
                 continue
         index[int(m.group(1)) if m else int(rows[0]["step"])] = i
     chosen = wanted or default_sample_steps(sorted(index))
-    out = {}
+    out, episodes = {}, {}
     for s in chosen:
         if s in index:
             i = index[s]
             rows = read_jsonl_lines(path, [lines[i]], notes, last=i == len(lines) - 1, first_line=i + 1)
             if rows:
                 out[s] = rows[0].get("samples", [])
+                if rows[0].get("episodes"):
+                    episodes[s] = rows[0]["episodes"]
             else:  # the line being written
                 del index[s]
     missing = [s for s in chosen if s not in index]
     if wanted and missing:
         notes.append(f"no samples recorded at step(s) {', '.join(map(str, missing))}")
-    return sorted(index), out
+    return sorted(index), out, episodes
 
 
 def default_sample_steps(steps: list[int], count: int = 3) -> list[int]:
@@ -204,10 +207,10 @@ def read_run(run_dir: str | Path, sample_steps: list[int] | None = None) -> RunV
             summary = json.loads((run_dir / "summary.json").read_text())
         except json.JSONDecodeError:
             notes.append("summary.json is incomplete (still being written)")
-    all_steps, samples = read_samples(run_dir / "samples.jsonl", sample_steps, notes)
+    all_steps, samples, episodes = read_samples(run_dir / "samples.jsonl", sample_steps, notes)
     return RunView(run_dir=run_dir, name=config.get("name", run_dir.name), config=config, metrics=metrics,
                    summary=summary, checkpoints=read_checkpoints(run_dir / "checkpoints"), samples=samples,
-                   sample_steps=all_steps, notes=notes)
+                   sample_steps=all_steps, notes=notes, episodes=episodes)
 
 
 def busy_fractions(steps: list[dict]) -> dict[str, float]:

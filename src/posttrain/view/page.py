@@ -1,11 +1,13 @@
 """The run page: one self-contained HTML file (inline SVG and CSS, no script, no CDN) with the learning curves,
 KL / entropy / length, where each step's time went, how busy each role was, alarms, checkpoints with their gate
-verdicts and sample completions. Numbers the page states carry `data-metric`/`data-value` attributes with the
-exact values from metrics.jsonl, so a test (or a script) can check the page against the run."""
+verdicts and sample completions (for multi-turn runs, whole conversations with their tool calls, and episode plots).
+Numbers the page states carry `data-metric`/`data-value` attributes with the exact values from metrics.jsonl, so a
+test (or a script) can check the page against the run."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from html import escape
 from pathlib import Path
 
@@ -17,6 +19,9 @@ PHASE_COLORS = {"generate": "#4c78a8", "reward": "#f58518", "reference": "#54a24
 SMOOTH = 10  # steps in the reward curve's moving mean
 SAMPLES_SHOWN = 8
 SAMPLE_CHARS = 400
+EPISODES_SHOWN = 4  # whole conversations per step (multi-turn runs)
+TURN_CHARS = 800
+PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#9d755d", "#eeca3b")
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"DejaVu Sans",sans-serif;margin:0;background:#f6f7f9;color:#1d232b}
@@ -34,6 +39,10 @@ svg.chart{max-width:100%;height:auto}.plot-bg{fill:#fbfcfd;stroke:#dde1e6}.grid{
 .tick{font-size:10px;fill:#5b6672}.axis-label{font-size:11px;fill:#5b6672}.empty{font-size:13px;fill:#8a96a3}
 .pass{color:#2e7d32;font-weight:600}.fail{color:#c62828;font-weight:600}.note{color:#8a5a00;font-size:12px}
 pre{margin:0;white-space:pre-wrap;word-break:break-all;font:12px/1.35 ui-monospace,"DejaVu Sans Mono",monospace}
+.episode{border:1px solid #dde1e6;border-radius:6px;margin:0 0 12px;padding:8px 10px}.episode h4{margin:0 0 6px;font-size:13px}
+.turn{border-left:3px solid #b8b8b8;padding:4px 8px;margin:4px 0}.turn.assistant{border-color:#4c78a8}.turn.tool{border-color:#54a24b;background:#f7fbf6}
+.turn-head{color:#5b6672;font-size:12px}.tool-call,.tool-result{border:1px dashed #9aa5b1;border-radius:4px;padding:3px 6px;margin:4px 0 0;font-size:12px}
+.tool-call{background:#eef3fa}.tool-result{background:#eef7ec}.tool-call.bad,.tool-result.bad{background:#fdecea;border-color:#c62828}
 """
 
 
@@ -109,18 +118,93 @@ def pick_samples(samples: list, n: int = SAMPLES_SHOWN) -> list:
     return (firsts or samples)[:n]
 
 
+def _clip(text, chars: int) -> str:
+    text = str(text)
+    return escape(text[:chars]) + ("…" if len(text) > chars else "")
+
+
+def _tool_call(call: dict) -> str:
+    if call.get("error"):  # did not parse: what the policy wrote instead
+        return (f'<div class="tool-call bad" data-tool-error="{escape(str(call["error"]))}"><b>tool call: '
+                f'{escape(str(call["error"]))}</b><pre>{_clip(call.get("text", ""), TURN_CHARS)}</pre></div>')
+    args = json.dumps(call.get("arguments"), ensure_ascii=False)
+    return (f'<div class="tool-call" data-tool="{escape(str(call.get("name")))}"><b>tool call {escape(str(call.get("name")))}</b>'
+            f'<pre>{_clip(args, TURN_CHARS)}</pre></div>')
+
+
+def _tool_result(result: dict) -> str:
+    error = result.get("error")
+    seconds = result.get("seconds")
+    head = " · ".join([f'result of {escape(str(result.get("name")))}', *([f"error: {escape(str(error))}"] if error else []),
+                       *([f"{seconds:.3g} s"] if isinstance(seconds, (int, float)) else [])])
+    return (f'<div class="tool-result{" bad" if error else ""}" data-tool="{escape(str(result.get("name")))}" '
+            f'data-tool-error="{escape(str(error or ""))}"><b>{head}</b><pre>{_clip(result.get("content", ""), TURN_CHARS)}</pre></div>')
+
+
+def _episode(sid, record: dict, reward) -> str:
+    """One episode as a conversation: each turn's role, tokens and text, its tool calls and results set apart."""
+    turns = []
+    for t in record.get("turns") or []:
+        role = str(t.get("role"))
+        env_reward = f' · environment reward {t["reward"]:.3g}' if isinstance(t.get("reward"), (int, float)) else ""
+        turns.append(f'<div class="turn {escape(role)}" data-role="{escape(role)}"><div class="turn-head">{escape(role)} · '
+                     f'{t.get("tokens", "?")} tokens{env_reward}</div><pre>{_clip(t.get("text", ""), TURN_CHARS)}</pre>'
+                     + "".join(map(_tool_call, t.get("tool_calls") or []))
+                     + "".join(map(_tool_result, t.get("tool_results") or [])) + "</div>")
+    end, calls = str(record.get("end_reason")), record.get("tool_calls", 0)
+    return (f'<div class="episode" data-episode="{escape(str(sid))}" data-end="{escape(end)}"><h4>{escape(str(sid))} · ended: '
+            f'{escape(end)} · reward {reward:.3g} · {record.get("tokens", "?")} tokens (prompt included) · '
+            f'{calls} tool call{"" if calls == 1 else "s"}</h4>{"".join(turns)}</div>')
+
+
 def _samples_section(run: RunView) -> str:
     if not run.samples:
         return '<section class="wide"><h2>Sample completions</h2><p>No samples recorded yet.</p></section>'
     blocks = []
     for step in sorted(run.samples):
+        episodes = run.episodes.get(step)
+        if episodes:
+            shown = [_episode(sid, episodes[str(sid)], reward) for sid, _, reward in pick_samples(run.samples[step], len(run.samples[step]))
+                     if str(sid) in episodes][:EPISODES_SHOWN]
+            blocks.append(f'<h3>step {step} <span class="note">({len(run.samples[step])} episodes; showing {len(shown)})</span></h3>'
+                          f'<div data-episodes-step="{step}">{"".join(shown)}</div>')
+            continue
         rows = "".join(
-            f'<tr><td>{escape(str(sid))}</td><td><pre>{escape(text[:SAMPLE_CHARS])}{"…" if len(text) > SAMPLE_CHARS else ""}</pre></td>'
+            f'<tr><td>{escape(str(sid))}</td><td><pre>{_clip(text, SAMPLE_CHARS)}</pre></td>'
             f'<td class="num">{reward:.3g}</td></tr>' for sid, text, reward in pick_samples(run.samples[step]))
         blocks.append(f'<h3>step {step} <span class="note">({len(run.samples[step])} samples; showing '
                       f'{min(SAMPLES_SHOWN, len(run.samples[step]))})</span></h3><table data-samples-step="{step}">'
                       f'<tr><th>id (step/prompt/sample)</th><th>completion</th><th>reward</th></tr>{rows}</table>')
     return '<section class="wide"><h2>Sample completions</h2>' + "".join(blocks) + "</section>"
+
+
+def _keyed_series(steps: list[dict], prefix: str, where: str) -> list[Series]:
+    """One series per `<prefix><name>` key any step has, 0.0 at the steps that report `where` but lack the key (an
+    error kind or end reason that did not occur there is logged by omission)."""
+    keys = sorted({k for m in steps for k in m if k.startswith(prefix)})
+    rows = [m for m in steps if m.get(where) is not None]
+    return [Series(k, [m["step"] for m in rows], [m.get(k) or 0.0 for m in rows], PALETTE[i % len(PALETTE)])
+            for i, k in enumerate(keys)]
+
+
+def _episode_charts(steps: list[dict], alarms: list[Alarm]) -> list[tuple[str, str, str, str]]:
+    """Multi-turn runs (episode/* metrics, rollout/episode_metrics.py): turns, tool calls and their errors, why
+    episodes ended, tokens. Nothing for single-turn runs, whose page stays as it was."""
+    if not any("episode/turns" in m for m in steps):
+        return []
+    charts = [
+        ("episodes", "Turns and tool calls per episode", [_series(steps, "episode/turns", "#4c78a8"),
+                                                          _series(steps, "episode/tool_calls", "#f58518")], None),
+        ("tool-calls", "Tool calls: valid share and error rate per kind (per call)",
+         [_series(steps, "episode/tool_call_validity", "#2e7d32", width=2.2), _series(steps, "episode/tool_error_rate", "#c62828", width=2.2),
+          *_keyed_series(steps, "episode/tool_errors/", "episode/tool_error_rate")], (0.0, 1.0)),
+        ("episode-end", "Why episodes ended (share of episodes)", _keyed_series(steps, "episode/end/", "episode/turns"), (0.0, 1.0)),
+        ("episode-tokens", "Tokens per episode (prompt included) and sampled", [_series(steps, "episode/tokens", "#8c564b"),
+                                                                               _series(steps, "episode/sampled_tokens", "#6f4e9c")], None),
+    ]
+    return [(cid, title, line_chart(cid, title, series, alarms, y_range=y_range),
+             _legend([(s.name.removeprefix("episode/"), s.color) for s in series if s.xs]))
+            for cid, title, series, y_range in charts]
 
 
 def build_page(run: RunView, *, refresh_seconds: int | None = None) -> str:
@@ -140,6 +224,7 @@ def build_page(run: RunView, *, refresh_seconds: int | None = None) -> str:
         ("kl", "KL to the reference", line_chart("kl", "KL", [_series(steps, "kl", "#6f4e9c")], alarms), ""),
         ("entropy", "Policy entropy (nats/token)", line_chart("entropy", "entropy", [_series(steps, "entropy", "#2a9d8f")], alarms), ""),
         ("length", "Response length (tokens)", line_chart("length", "length", [_series(steps, "response_length", "#8c564b")], alarms), ""),
+        *_episode_charts(steps, alarms),
     ]
     parts = {p: [m.get(f"time/{p}") or 0.0 for m in steps] for p in PHASES}
     split = stacked_bars("step-time", "step time split", [m["step"] for m in steps], parts, PHASE_COLORS)
