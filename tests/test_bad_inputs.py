@@ -101,6 +101,19 @@ def _fake_rm(tmp: Path, model: str) -> str:
     return _model_variant(tmp, model, lambda d: (d / "posttrain_reward.json").write_text('{"mean": 0, "std": 1}'))
 
 
+MULTITURN = Path(__file__).parent / "fixtures" / "multiturn"
+
+
+def _chatml_without_tools(d: Path) -> None:
+    """The model's tokenizer given a plain ChatML template, which never reads `tools`."""
+    from posttrain.models.bpe import CHATML_TEMPLATE
+
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = CHATML_TEMPLATE
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (d / "chat_template.jinja").unlink(missing_ok=True)
+
+
 def _unlink(*names: str) -> Callable[[Path], None]:
     return lambda d: [(d / n).unlink() for n in names]
 
@@ -364,6 +377,28 @@ CASES = [
          "no step times in metrics.jsonl"),
     Case("cost-response-hours", "`cost --response-hours` that is not WORKING,OFF",
          lambda t, m: ["cost", "--response-hours", "8", "--out", str(t / "out")], "--response-hours '8': give WORKING,OFF"),
+    # multi-turn episodes (docs/multi-turn.md): caught at start, before Ray
+    Case("env-missing-method", "an environment class without a step method",
+         lambda t, m: _good(t, m, f"rollout.environment={MULTITURN / 'envs.py'}:NoStep"), "NoStep has no step method"),
+    Case("env-not-class", "an environment that is a function, not a class",
+         lambda t, m: _good(t, m, f"rollout.environment={MULTITURN / 'envs.py'}:not_a_class"),
+         "not_a_class is a function, not a class"),
+    Case("tool-no-hints", "a tool whose parameter has no type hint",
+         lambda t, m: _good(t, m, f"rollout.tools=[{MULTITURN / 'bad_tools.py'}:no_hints]"),
+         "parameter 'query' has no type hint"),
+    Case("tool-name-clash", "two tools with the same name",
+         lambda t, m: _good(t, m, f"rollout.tools=[{MULTITURN / 'calc_tools.py'}:calculate, "
+                                  f"{MULTITURN / 'clash_tools.py'}:calculate]"),
+         "two tools are named 'calculate'"),
+    Case("max-turns-zero", "rollout.max_turns 0", lambda t, m: ["config", "show", "rollout.max_turns=0"],
+         "rollout.max_turns=0: an episode needs at least one assistant turn"),
+    Case("tools-no-template", "tools with a model that has no chat template",
+         lambda t, m: _good(t, m, f"rollout.tools=[{MULTITURN / 'calc_tools.py'}:calculate]"),
+         "multi-turn episodes need a chat template"),
+    Case("tools-template-without-tools", "tools with a chat template that never reads `tools`",
+         lambda t, m: _good(t, _model_variant(t, m, _chatml_without_tools),
+                            f"rollout.tools=[{MULTITURN / 'calc_tools.py'}:calculate]"),
+         "has no tool support"),
 ]
 
 
@@ -475,7 +510,8 @@ def errors_markdown() -> str:
             tmp = Path(d) / case.id
             tmp.mkdir()
             out = runner.invoke(app, case.args(tmp, model)).output.strip().removeprefix("error: ")
-            msg = " ".join(out.replace(d, "<tmp>").split()).replace("|", "\\|")
+            msg = " ".join(out.replace(d, "<tmp>").replace(str(MULTITURN), "<tests/fixtures/multiturn>").split())
+            msg = msg.replace("|", "\\|")
             lines.append(f"| {i} | {case.what} | {msg} |")
     lines.append(f"| {len(CASES) + 1} | disk too small for a checkpoint (1 MiB tmpfs) | runs_dir: <mnt>/bad has 1.0 "
                  "MiB free, but one checkpoint of <model> needs about 13.2 MiB -> free disk space or point runs_dir at "

@@ -58,13 +58,15 @@ class EpisodeRunner:
     starts); `close()` ends the processes."""
 
     def __init__(self, cfg: RunConfig, tokenizer, model_dir: str):
-        from posttrain.rollout.environment import EnvironmentHost
+        from posttrain.rollout.environment import EnvironmentHost, check_environment
         from posttrain.rollout.tool_sandbox import ToolRunner
         from posttrain.rollout.tools import check_tools
 
         r = cfg.rollout
         self.cfg = cfg
         self.tokenizer = tokenizer
+        # the user's code first (its errors name the file), then whether the model's chat template can carry it
+        self.environment = check_environment(r.environment) if r.environment else None
         self.tools = check_tools(r.tools) if r.tools else []
         if self.tools:
             check_tool_template(tokenizer, model_dir)

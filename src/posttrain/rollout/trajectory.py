@@ -156,6 +156,12 @@ def check_tool_template(tokenizer, model_dir: str) -> None:
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
         template = " ".join(template.values())
+    if not template:
+        raise PosttrainError(
+            f"rollout.tools: multi-turn episodes need a chat template, and the tokenizer in {model_dir} has none",
+            hint="save a tokenizer whose chat_template renders tools into the model directory "
+            "(tokenizer_config.json); posttrain.models.bpe.CHATML_TOOLS_TEMPLATE is one",
+        )
     if "tools" not in template:
         raise PosttrainError(
             f"rollout.tools: the chat template of {model_dir} has no tool support (it never reads `tools`), so the "
