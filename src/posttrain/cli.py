@@ -85,14 +85,27 @@ def sft(
 @app.command()
 @user_errors
 def demo(
-    overrides: list[str] = typer.Argument(None, help="Dotted overrides of the built-in default config."),
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides of the demo's config (the built-in defaults; "
+                                          "with --task tools, posttrain.demo_tools.DEMO_TOOLS_CONFIG)."),
     quiet: bool = typer.Option(False, "--quiet"),
+    task: str = typer.Option("addition", "--task", help="addition: the addition demo; tools: RL teaches the tiny "
+                             "model to call a calculator (multi-turn episodes, runs/demo-tools/)."),
 ):
-    """Tiny model -> SFT warm start -> GRPO on the built-in addition task. Writes runs/demo/summary.json."""
-    from posttrain.demo import run_demo
+    """Tiny model -> SFT warm start -> GRPO on the built-in addition task (or, with --task tools, on arithmetic
+    solved with a calculator tool). Writes runs/demo/summary.json (runs/demo-tools/summary.json)."""
+    log = lambda m: err_console.print(m, highlight=False)  # noqa: E731
+    if task == "tools":
+        from posttrain.demo_tools import demo_tools_config, run_tools_demo
 
-    cfg = load_config(None, overrides or [])
-    summary = run_demo(cfg, progress=not quiet, log=lambda m: err_console.print(m, highlight=False))
+        cfg = demo_tools_config(overrides or [])
+        summary = run_tools_demo(cfg, progress=not quiet, log=log)
+    elif task == "addition":
+        from posttrain.demo import run_demo
+
+        cfg = load_config(None, overrides or [])
+        summary = run_demo(cfg, progress=not quiet, log=log)
+    else:
+        raise PosttrainError(f"--task: unknown demo {task!r}", hint="use addition or tools")
     print_summary(summary)
     console.print(f"summary: {cfg.run_dir / 'summary.json'}")
 

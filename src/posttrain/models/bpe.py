@@ -22,6 +22,33 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# ChatML with tools, much as Qwen2.5's template renders them (its instructions shortened): given `tools`, a system
+# block lists each tool's JSON schema and asks for calls as <tool_call>{"name": ..., "arguments": {...}}</tool_call>;
+# a tool message is a user turn holding <tool_response>...</tool_response>. Unlike Qwen2.5, consecutive tool messages
+# get a turn each, so the rendering of a conversation is always a prefix of the rendering of its continuation
+# (rollout/trajectory.py relies on it), and assistant turns are their raw content (the calls are in the text).
+# Without tools it renders as CHATML_TEMPLATE.
+CHATML_TOOLS_TEMPLATE = (
+    "{%- set system_first = messages and messages[0]['role'] == 'system' %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if system_first %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\n\nYou may call these functions:\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\n</tools>\n\nCall a function as <tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'system' and loop.first and tools %}"
+    "{%- elif m['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + (m['content'] or '') + '\n</tool_response><|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + m['role'] + '\n' + (m['content'] or '') + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
 _ONSETS = ["", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "br", "ch",
            "cl", "dr", "fl", "gr", "pl", "pr", "sh", "st", "th", "tr"]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "ou", "io"]
@@ -59,11 +86,19 @@ def train_bpe_tokenizer(
     lexicon_size: int | None = None,
     sentences: int | None = None,
     individual_digits: bool = True,
+    eos_token: str = EOS,
+    added_tokens: Iterable[str] = (),
+    across_words: bool = False,
 ):
     """Trains a byte-level BPE tokenizer to `vocab_size` tokens and saves it to `out_dir` (tokenizer.json and
     tokenizer_config.json, chat template included when given). Returns the `PreTrainedTokenizerFast`.
-    `individual_digits` splits numbers into one token per digit before BPE, as Qwen2's and Llama-3's tokenizers do
-    (so a small model can learn arithmetic digit by digit)."""
+    `individual_digits` splits numbers into one token per digit before BPE, as Qwen2's tokenizer does
+    (so a small model can learn arithmetic digit by digit).
+    `eos_token` is the token generation stops at: EOS, or IM_END for a chat model whose every turn ends with it
+    (multi-turn rollouts stop at the end of a turn). `added_tokens` are kept whole, one token each, and decode as
+    text (not special), as Qwen2.5 keeps <tool_call>. `across_words`: merges may span spaces and punctuation (not
+    digits), so text that recurs verbatim (a chat template's tool instructions, JSON keys) becomes a few tokens: for
+    tiny models, whose cost is per token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -71,15 +106,17 @@ def train_bpe_tokenizer(
     texts = list(synthetic_corpus(lexicon, sentences or max(2_000, vocab_size * 2), seed))
     texts += [t for t in extra_texts]
     core = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not across_words)
     core.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
                           if individual_digits else byte_level)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     core.train_from_iterator(texts, trainer=trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, bos_token=BOS,
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=eos_token, bos_token=BOS,
                                   clean_up_tokenization_spaces=False, model_max_length=2048)
+    if added_tokens:
+        tok.add_tokens(list(added_tokens))
     if chat_template:
         tok.chat_template = chat_template
     out = Path(out_dir)

@@ -26,10 +26,12 @@ def build_tiny_model(
     seed: int = 0,
     max_position_embeddings: int = 128,
     tokenizer=None,
+    attention_bias: bool = False,
 ) -> Path:
     """Writes a randomly initialised model directory and returns its path. `tokenizer` (a transformers tokenizer,
     e.g. from models/bpe.py) replaces the character tokenizer: its length sets the vocabulary, its pad and eos the
-    model's ids, and it is saved beside the weights."""
+    model's ids, and it is saved beside the weights. `attention_bias` (llama only; qwen2 always has q/k/v biases)
+    adds biases to the attention projections."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
 
@@ -58,7 +60,7 @@ def build_tiny_model(
     if arch == "qwen2":
         config = Qwen2Config(**common, rope_theta=10000.0)
     elif arch == "llama":
-        config = LlamaConfig(**common)
+        config = LlamaConfig(**common, attention_bias=attention_bias)
     else:
         raise ValueError(f"unknown arch {arch!r}; choose 'qwen2' or 'llama'")
     torch.manual_seed(seed)

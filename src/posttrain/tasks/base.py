@@ -68,9 +68,10 @@ def load_task(cfg: "TaskConfig", seed: int, need_answer: bool = True) -> Task:
     from posttrain.tasks.addition import AdditionTask
     from posttrain.tasks.dataset import DatasetTask
     from posttrain.tasks.sorting import SortingTask
+    from posttrain.tasks.tool_arithmetic import ToolArithmeticTask
     from posttrain.errors import PosttrainError
 
-    builtins = {"addition": AdditionTask, "sorting": SortingTask}
+    builtins = {"addition": AdditionTask, "sorting": SortingTask, "tool_arithmetic": ToolArithmeticTask}
     if cfg.name in builtins:
         try:
             return builtins[cfg.name](cfg.train_size, cfg.heldout_size, seed=seed, max_digits=cfg.max_digits,

@@ -125,7 +125,7 @@ def _run(cfg, base_model_dir, out_dir, traces, tools, on_step) -> TraceSFTResult
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if on_step is not None:
             on_step(step + 1, losses[-1])
     model.eval()
