@@ -21,19 +21,22 @@ from posttrain.tasks import Problem, load_task
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def _sandbox_processes() -> list[psutil.Process]:
-    """Processes still running as the sandbox user (nobody) after a run: there must be none."""
-    return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == 65534]
+def _sandbox_processes() -> set[int]:
+    """Pids running as the sandbox user (nobody)."""
+    return {p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == 65534}
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers():
+    """A program's processes are all gone after its run: none running as nobody that were not there before (a
+    multi-turn run's tool server, rollout/tool_sandbox.py, also runs as nobody, for as long as its run)."""
+    before = _sandbox_processes()
     yield
     if os.geteuid() == 0:  # the kernel ends a killed PID namespace's processes asynchronously: allow it 3 s
         deadline = time.monotonic() + 3
-        while _sandbox_processes() and time.monotonic() < deadline:
+        while _sandbox_processes() - before and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _sandbox_processes() == []
+        assert _sandbox_processes() - before == set()
 
 
 def test_a_well_behaved_program_runs_and_may_use_its_scratch_dir():

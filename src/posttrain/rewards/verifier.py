@@ -124,7 +124,7 @@ class ChildProcess:
             return "died", code
 
     def close(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and self._proc.pid is not None:  # pid None: start() itself failed
             self._proc.kill()
             self._proc.join(5)
         if self._conn is not None:
