@@ -23,6 +23,7 @@ LEARNING_TESTS=(
   tests/test_rlhf_integration.py
   tests/test_reward_model.py
   tests/test_sft.py
+  tests/test_demo_tools.py
 )
 VLLM_TESTS=(tests/evals/test_eval_integration.py)
 

@@ -35,8 +35,8 @@ class ModelConfig(_Section):
 
 class TaskConfig(_Section):
     name: str = Field(
-        "addition", description="Built-in task (addition, sorting), or 'dataset' (alias 'jsonl'): the user dataset at "
-        "`path`.",
+        "addition", description="Built-in task (addition, sorting, tool_arithmetic: the tools demo's), or 'dataset' "
+        "(alias 'jsonl'): the user dataset at `path`.",
     )
     path: str | None = Field(
         None, description="The dataset when name is 'dataset'/'jsonl': a .parquet or .csv file, a directory written "
@@ -81,7 +81,7 @@ class TaskConfig(_Section):
                              "from one of them: drop the other")
         dataset_only = [k for k in ("path", "heldout_path", "heldout_fraction", "system_prompt")
                         if getattr(self, k) is not None]
-        if dataset_only and self.name in ("addition", "sorting"):
+        if dataset_only and self.name in ("addition", "sorting", "tool_arithmetic"):
             raise ValueError(f"task.{dataset_only[0]} is set but task.name={self.name!r} is a built-in task; set "
                              "task.name=dataset to train on your data, or drop the key")
         return self
