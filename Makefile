@@ -23,6 +23,7 @@ test-unit: install
 
 bench: install
 	$(BIN)/python benchmarks/perf.py
+	$(BIN)/python benchmarks/packing.py
 
 readme: install
 	$(BIN)/python scripts/sync_readme.py

@@ -136,6 +136,16 @@ def machine(threads: int) -> dict:
             "loadavg_1_5_15_min_at_start": load}
 
 
+def write_results(out: dict, path: Path, t0: float) -> None:
+    """Stamps the wall seconds since `t0` and the load at the end on `out`, and writes it as JSON to `path`."""
+    out["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    with open("/proc/loadavg") as f:
+        out["machine"]["loadavg_1_5_15_min_at_end"] = f.read().split()[:3]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path} ({out['wall_seconds']} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", action="append", default=[], metavar="SIZE=N",
@@ -149,12 +159,7 @@ def main() -> None:
     out = {"machine": machine(args.threads), "note": args.note}
     t0 = time.perf_counter()
     out["sizes"] = {label: measure(label, rows[label], args.rounds) for label in SIZES}
-    out["wall_seconds"] = round(time.perf_counter() - t0, 1)
-    with open("/proc/loadavg") as f:
-        out["machine"]["loadavg_1_5_15_min_at_end"] = f.read().split()[:3]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {RESULTS} ({out['wall_seconds']} s)")
+    write_results(out, RESULTS, t0)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ class BigramLM(torch.nn.Module):
     def get_output_embeddings(self):
         return None
 
-    def forward(self, input_ids, attention_mask=None, use_cache=False):
+    def forward(self, input_ids, attention_mask=None, use_cache=False, position_ids=None):  # position-free: packs
         return SimpleNamespace(logits=self.table[input_ids])
 
 

@@ -22,7 +22,11 @@ pytestmark = pytest.mark.integration
 # Measured on this machine (3 steps, lr 3e-3): losses of 2 ranks vs 1 differ by <= 4e-8, KL by <= 5e-7, grad norms
 # by <= 1.2e-6 (float32 sums in another order: each rank's rows, gloo's reduce-scatter), weights by <= 7e-6 (Adam
 # divides by sqrt(v), which magnifies those differences on parameters with tiny gradients). Tolerances: 10x that.
+# Packed rows (train.packing, the default) lay each rank's share of a minibatch into rows of other lengths than the
+# single trainer's whole minibatch, so attention and matmuls sum in another order: grad norms then differed by
+# 1.8e-5 (relative) after 3 steps and 1.5e-4 at step 4 from a checkpoint; their tolerance is GRAD_NORM_TOL.
 LOSS_TOL = 1e-5
+GRAD_NORM_TOL = 1e-3
 WEIGHT_TOL = 1e-4
 
 
@@ -123,9 +127,10 @@ def test_two_ranks_take_the_same_steps_as_one(trainers):
     import ray
     for one, two in trainers["steps"]:
         assert two["trainer_ranks"] == 2
-        for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "grad_norm", "entropy",
-                    "logprob_gap_mean", "trained_tokens"):
+        for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "entropy", "logprob_gap_mean",
+                    "trained_tokens"):
             assert two[key] == pytest.approx(one[key], abs=LOSS_TOL, rel=LOSS_TOL), key
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=GRAD_NORM_TOL)
     # The steps moved the weights (lr 3e-3), and both trainers moved them the same way; export is whole.
     w1 = _weights(ray.get(trainers["single"].export_weights.remote()))
     w2 = _weights(ray.get(trainers["group"].export_weights.remote()))
@@ -163,7 +168,7 @@ def test_checkpoint_reloads_from_two_ranks_into_one_and_from_one_into_two(traine
     # minibatch order) and, after the update, same weights (so the same Adam moments).
     for m in (m_fresh, m_group):
         assert m["loss"] == pytest.approx(m_single["loss"], abs=LOSS_TOL, rel=LOSS_TOL)
-        assert m["grad_norm"] == pytest.approx(m_single["grad_norm"], rel=LOSS_TOL)
+        assert m["grad_norm"] == pytest.approx(m_single["grad_norm"], rel=GRAD_NORM_TOL)
     w = [_weights(ray.get(t.export_weights.remote())) for t in (single, fresh, group)]
     assert _max_diff(w[0], w[1]) < WEIGHT_TOL and _max_diff(w[0], w[2]) < WEIGHT_TOL
     ray.kill(fresh)
@@ -198,8 +203,9 @@ def test_two_ranks_and_two_engines_give_the_loss_curve_of_one_and_one(ray_sessio
     assert [s["samples"] for s in samples_two] == [s["samples"] for s in samples_one]
     assert len(two) == len(one) == 3
     for a, b in zip(one, two):
-        for key in ("loss", "kl", "grad_norm", "entropy", "reward_mean"):
+        for key in ("loss", "kl", "entropy", "reward_mean"):
             assert b[key] == pytest.approx(a[key], abs=LOSS_TOL, rel=LOSS_TOL), (a["step"], key)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=GRAD_NORM_TOL), a["step"]
         assert b["time/sync"] > 0
     assert len({m["loss"] for m in one}) == 3  # a real curve, not a constant
     # The final checkpoint of the 2-rank run is sharded and verifies.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.algorithms.common import token_entropy, token_logprobs
+from posttrain.training.packing import at_packed_completion_positions, pack_rows
 
 
 @dataclass
@@ -16,14 +17,17 @@ class PackedBatch:
     targets: torch.Tensor         # [B, T] completion tokens, right-padded
     completion_mask: torch.Tensor  # [B, T] 1 on the completion tokens trained on (all real ones, or the loss mask's)
     starts: torch.Tensor          # [B] index in input_ids of each completion's first token
+    # The model runs over the sequences packed end to end (training/packing.py) instead of these padded rows.
+    packed_rows: bool = False
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-         loss_masks: list[list[int]] | None = None) -> PackedBatch:
+         loss_masks: list[list[int]] | None = None, packed_rows: bool = False) -> PackedBatch:
     """Right-pads each prompt+completion to the longest; position ids then start at 0 for every row.
     `loss_masks` (multi-turn episodes: one 0/1 per completion token, 1 = sampled by the engine) becomes the
     completion mask, so logprobs, entropy and every loss count sampled tokens only; the forward still runs over all
-    tokens (environment and tool tokens are context). None: every completion token is trained."""
+    tokens (environment and tool tokens are context). None: every completion token is trained. `packed_rows`: the
+    forwards below run over the sequences packed end to end without padding (same outputs within float error)."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if loss_masks is not None and [len(m) for m in loss_masks] != [len(c) for c in completions]:
@@ -44,7 +48,7 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
             targets[i, : len(c)] = torch.tensor(c, dtype=torch.long)
             cmask[i, : len(c)] = torch.tensor(loss_masks[i], dtype=torch.float32) if loss_masks is not None else 1.0
     starts = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    return PackedBatch(input_ids, attention, targets, cmask, starts)
+    return PackedBatch(input_ids, attention, targets, cmask, starts, packed_rows)
 
 
 # Config fields of HF causal LMs that change the logits after the head (Gemma2/3 tanh softcapping, Cohere and Granite
@@ -76,28 +80,45 @@ def split_head(model):
     return body, head
 
 
-def completion_logits(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+def completion_logits(model, batch: PackedBatch, temperature: float = 1.0,
+                      where: torch.Tensor | None = None) -> torch.Tensor:
     """Logits that predict each completion token: [B, T, V]. Position start+j-1 predicts completion token j.
     The transformer runs over all L positions but the LM head only over the B*T that predict completion tokens
     (the head is a [hidden, V] matmul per position, large against the body at vocabularies of tens of thousands);
-    models that `split_head` cannot split run whole and have their logits gathered."""
+    models that `split_head` cannot split run whole and have their logits gathered. `where` ([B, T] bool): the
+    head at those positions only, [N, V] in row-major order."""
     split = split_head(model)
     if split is None:
-        picked = full_forward_completion_logits(model, batch)
+        picked = full_forward_completion_logits(model, batch, where)
     else:
         body, head = split
-        hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
-        picked = head(at_completion_positions(hidden, batch))
+        picked = head(forward_at_completion_positions(lambda **kw: body(**kw).last_hidden_state, batch, where))
     if temperature > 0 and temperature != 1.0:
         picked = picked / temperature
     return picked
 
 
-def full_forward_completion_logits(model, batch: PackedBatch) -> torch.Tensor:
-    """[B, T, V] logits, temperature 1, the slow way: the head over all L positions of prompt + completion, then the
-    completion positions gathered. For models `split_head` cannot split, and the reference in tests and benchmarks."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    return at_completion_positions(out.logits, batch)
+def full_forward_completion_logits(model, batch: PackedBatch, where: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T, V] logits, temperature 1, the slow way: the head over every position of prompt + completion (padded or
+    packed rows), then the completion positions gathered. For models `split_head` cannot split, and the reference
+    in tests and benchmarks."""
+    return forward_at_completion_positions(lambda **kw: model(**kw).logits, batch, where)
+
+
+def forward_at_completion_positions(forward, batch: PackedBatch, where: torch.Tensor | None = None) -> torch.Tensor:
+    """`forward(**inputs)` -> [rows, columns, D] per-position outputs (hidden states, logits, values), returned at
+    the positions that predict each completion token: [B, T, D]. Padded: over the batch's [B, L] rows with their
+    attention mask. Packed (`batch.packed_rows`): over the sequences end to end with position ids restarting per
+    sequence and no attention mask, which transformers turns into a block-diagonal causal mask (training/packing.py).
+    No KV cache either way: with one, transformers skips the packed-sequence mask. `where` ([B, T] bool): only
+    those positions, [N, D] in row-major order."""
+    if not batch.packed_rows:
+        out = forward(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        picked = at_completion_positions(out, batch)
+        return picked if where is None else picked[where]
+    rows = pack_rows(batch.input_ids, batch.attention_mask.sum(1))
+    out = forward(input_ids=rows.input_ids, position_ids=rows.position_ids, use_cache=False)
+    return at_packed_completion_positions(out, rows, batch.starts, batch.targets.shape[1], where)
 
 
 def at_completion_positions(per_position: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -110,8 +131,23 @@ def at_completion_positions(per_position: torch.Tensor, batch: PackedBatch) -> t
 
 def completion_logprobs(model, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = False):
     """Per-token logprobs [B, T] of the completion tokens (0 where masked), and optionally entropy [B, T]."""
+    if batch.packed_rows:
+        return trained_token_logprobs(model, batch, temperature, with_entropy)
     logits = completion_logits(model, batch, temperature)
     lp = token_logprobs(logits, batch.targets) * batch.completion_mask
     if with_entropy:
         return lp, token_entropy(logits.detach()) * batch.completion_mask
+    return lp
+
+
+def trained_token_logprobs(model, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = False):
+    """`completion_logprobs` with the head and the softmax over the N trained tokens only ([N, V], not [B, T, V]
+    with the completion padding and the masked tokens, whose values the mask zeroes anyway), scattered back to
+    [B, T]. What packed rows run; padded rows can too (benchmarks/packing.py measures the two levers apart)."""
+    where = batch.completion_mask != 0
+    mask = batch.completion_mask[where]
+    logits = completion_logits(model, batch, temperature, where)
+    lp = torch.zeros(where.shape).masked_scatter(where, token_logprobs(logits, batch.targets[where]) * mask)
+    if with_entropy:
+        return lp, torch.zeros(where.shape).masked_scatter(where, token_entropy(logits.detach()) * mask)
     return lp

@@ -13,7 +13,7 @@ from posttrain.algorithms.ppo import clipped_value_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import check_model_dir, load_tokenizer
 from posttrain.orchestration.stacks import ActorProcess
-from posttrain.training.batch import PackedBatch, at_completion_positions, pack
+from posttrain.training.batch import PackedBatch, forward_at_completion_positions, pack
 
 CRITIC_DIR = "critic"
 CRITIC_STATE = "critic_state.pt"
@@ -37,8 +37,8 @@ class Critic(ActorProcess):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.algorithm.critic_lr)
 
     def _values(self, packed: PackedBatch) -> torch.Tensor:
-        out = self.model(input_ids=packed.input_ids, attention_mask=packed.attention_mask)
-        return at_completion_positions(out.logits.float(), packed).squeeze(-1) * packed.completion_mask
+        values = forward_at_completion_positions(lambda **kw: self.model(**kw).logits.float(), packed)
+        return values.squeeze(-1) * packed.completion_mask
 
     @torch.no_grad()
     def values(self, prompts: list[list[int]], completions: list[list[int]],
@@ -48,7 +48,7 @@ class Critic(ActorProcess):
         if not completions:
             return []
         self.model.eval()
-        v = self._values(pack(prompts, completions, self.pad_id, loss_masks))
+        v = self._values(pack(prompts, completions, self.pad_id, loss_masks, packed_rows=self.cfg.train.packing))
         return [v[i, : len(c)].tolist() for i, c in enumerate(completions)]
 
     def train_step(self, prompts, completions, returns: list[list[float]], old_values: list[list[float]],
@@ -58,7 +58,7 @@ class Critic(ActorProcess):
         from posttrain.training.trainer import _select, pad_rows
 
         a = self.cfg.algorithm
-        packed = pack(prompts, completions, self.pad_id, loss_masks)
+        packed = pack(prompts, completions, self.pad_id, loss_masks, packed_rows=self.cfg.train.packing)
         T = packed.completion_mask.shape[1]
         R, V_old = pad_rows(returns, T), pad_rows(old_values, T)
         n = len(completions)

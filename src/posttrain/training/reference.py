@@ -23,8 +23,15 @@ class ReferenceModel(ActorProcess):
     def logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """One list per sample with log p_ref of each completion token (same length as the completion). A multi-turn
         completion's environment and tool tokens get theirs too: the trainer and the step mask them out."""
-        if not completions:
-            return []
-        packed = pack(prompts, completions, self.pad_id)
-        lp = completion_logprobs(self.model, packed, self.cfg.rollout.temperature or 1.0)
-        return [lp[i, : len(c)].tolist() for i, c in enumerate(completions)]
+        return sample_logprobs(self.cfg, self.model, self.pad_id, prompts, completions)
+
+
+def sample_logprobs(cfg: RunConfig, model, pad_id: int, prompts: list[list[int]],
+                    completions: list[list[int]]) -> list[list[float]]:
+    """`model`'s logprobs of each completion token, one list per sample (the reference's answer; also the LoRA
+    trainer's, with its adapters off: training/trainer.py)."""
+    if not completions:
+        return []
+    packed = pack(prompts, completions, pad_id, packed_rows=cfg.train.packing)
+    lp = completion_logprobs(model, packed, cfg.rollout.temperature or 1.0)
+    return [lp[i, : len(c)].tolist() for i, c in enumerate(completions)]

@@ -88,7 +88,8 @@ class Trainer(ActorProcess):
         the sharded trainer, which pack the whole batch the same way). `mask` is the loss mask where the batch has
         one: every loss term, logprob and metric below counts sampled tokens only."""
         a = self.cfg.algorithm
-        packed = pack(batch.prompts, batch.completions, self.pad_id, batch.loss_masks)
+        packed = pack(batch.prompts, batch.completions, self.pad_id, batch.loss_masks,
+                      packed_rows=self.cfg.train.packing)
         T = packed.completion_mask.shape[1]
         # PPO and REINFORCE++ put the KL into the reward (the loop did); the others add a k3 term to the loss.
         kl_loss_coef = 0.0 if kl_in_reward(a) else a.kl_coef
@@ -238,7 +239,7 @@ def _advantage_tensor(advantages, width: int) -> torch.Tensor:
 def _select(packed: PackedBatch, idx: torch.Tensor) -> PackedBatch:
     return PackedBatch(
         packed.input_ids[idx], packed.attention_mask[idx], packed.targets[idx], packed.completion_mask[idx],
-        packed.starts[idx],
+        packed.starts[idx], packed.packed_rows,
     )
 
 
