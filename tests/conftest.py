@@ -170,3 +170,17 @@ def tools_sft_model(tmp_path_factory):
                             max_position_embeddings=MAX_POSITIONS)
     sft = run_sft_traces(cfg, base, cfg.sft.out, traces, schemas)
     return cfg, sft.out_dir
+
+
+@pytest.fixture
+def release_vllm_groups():
+    """For a test that builds an in-process vLLM engine: afterwards the engine is collected and vLLM's and torch's
+    process groups are destroyed, so a later test (FSDP, the sharded trainer, another engine) can start its own."""
+    yield
+    import gc
+
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    gc.collect()
+    destroy_model_parallel()
+    destroy_distributed_environment()

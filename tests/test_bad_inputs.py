@@ -152,9 +152,9 @@ def _eval_from_run(tmp: Path, model: str, change: Callable[[Path], None]) -> lis
 
 
 def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: bool = False,
-                extra: tuple[str, ...] = (), data: str | None = None) -> list[str]:
+                extra: tuple[str, ...] = (), data: str | None = None, files: dict | None = None) -> list[str]:
     """A run dir holding one checkpoint whose state.json carries `fingerprint` (default: the config's own) and the
-    data fingerprint `data` (none: a checkpoint from before data fingerprints)."""
+    data fingerprint `data` (none: a checkpoint from before data fingerprints), plus `files` (path -> text)."""
     from posttrain.config import load_config
     from posttrain.training import checkpoint as ckpt
 
@@ -164,10 +164,29 @@ def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: 
     state = {"step": 2, "cursor": {"epoch": 0, "offset": 64}, "eval_history": [],
              "config_fingerprint": fingerprint or cfg.fingerprint(), "data_fingerprint": data}
     (tmp_dir / "state.json").write_text(json.dumps(state))
+    for rel, text in (files or {}).items():
+        (tmp_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_dir / rel).write_text(text)
     final = ckpt.finalize_checkpoint(tmp_dir, 2)
     if corrupt:
         (final / "state.json").write_text(json.dumps({**state, "step": 3}))  # bytes no longer match the manifest
     return args
+
+
+def _lora_checkpoint(tmp: Path, model: str, *extra: str, base_hash: str | None = None) -> list[str]:
+    """A checkpoint of a LoRA run: its adapter's record of the base model (`base_hash`, default: `model`'s own)."""
+    from posttrain.evals.runner import model_content_hash
+    from posttrain.models.lora import ADAPTER_DIR, BASE_RECORD
+
+    record = {"model_path": model, "model_hash": base_hash or model_content_hash(model)}
+    return _checkpoint(tmp, model, extra=extra, files={f"{ADAPTER_DIR}/{BASE_RECORD}": json.dumps(record)})
+
+
+def _run_dir_with_checkpoint(tmp: Path, model: str) -> str:
+    """A run directory as `train` leaves it: its config.yaml and a checkpoint of step 2."""
+    config = Path(_checkpoint(tmp, model)[1])
+    shutil.copy(config, tmp / "runs" / "bad" / "config.yaml")
+    return str(tmp / "runs" / "bad")
 
 
 def _checkpoint_then_edit_data(tmp: Path, model: str) -> list[str]:
@@ -399,6 +418,36 @@ CASES = [
          lambda t, m: _good(t, _model_variant(t, m, _chatml_without_tools),
                             f"rollout.tools=[{MULTITURN / 'calc_tools.py'}:calculate]"),
          "has no tool support"),
+    # LoRA (model.lora): caught at start, before Ray
+    Case("lora-targets-none", "`model.lora.target_modules` naming no linear layer of the model",
+         lambda t, m: _good(t, m, "model.lora.target_modules=[query, value]"),
+         "names no linear layer of the model in"),
+    Case("lora-rank-zero", "`model.lora.r` 0", lambda t, m: ["config", "show", "model.lora.r=0"],
+         "model.lora.r=0: the LoRA rank must be at least 1"),
+    Case("lora-sync-adapter-hf", "`model.lora.sync: adapter` with the transformers engine (`rollout.engine: hf`)",
+         lambda t, m: _good(t, m, "model.lora.sync=adapter", "rollout.engine=hf"),
+         "model.lora.sync=adapter with rollout.engine=hf: only vLLM serves adapters"),
+    Case("lora-sync-adapter-rank", "`model.lora.sync: adapter` with a rank above vLLM's largest (512)",
+         lambda t, m: _good(t, m, "model.lora.sync=adapter", "model.lora.r=1024"),
+         "vLLM serves LoRA ranks up to 512"),
+    Case("lora-sync-adapter-head", "`model.lora.sync: adapter` adapting the LM head of a Qwen2 model (vLLM cannot)",
+         lambda t, m: _good(t, m, "model.lora.sync=adapter", "model.lora.target_modules=[q_proj, lm_head]"),
+         "vLLM's LoRA cannot serve an adapter on the LM head (lm_head) of Qwen2ForCausalLM"),
+    Case("rm-lora-rank-zero", "`rm.lora.r` 0 (the message names rm.lora)", lambda t, m: ["config", "show", "rm.lora.r=0"],
+         "rm.lora.r=0: the LoRA rank must be at least 1"),
+    Case("resume-full-with-lora", "--resume of a full-weight checkpoint with `model.lora` set",
+         lambda t, m: [*_checkpoint(t, m), "model.lora.r=8", "--resume"], "holds full weights"),
+    Case("resume-lora-without-lora", "--resume of a LoRA checkpoint without `model.lora`",
+         lambda t, m: [*_lora_checkpoint(t, m, "model.lora.r=8")[:-1], "--resume"],
+         "holds a LoRA adapter, but the config has no model.lora"),
+    Case("resume-lora-other-base", "--resume of a LoRA checkpoint whose base model differs from `model.path`",
+         lambda t, m: [*_lora_checkpoint(t, m, "model.lora.r=8", base_hash="0" * 64), "--resume"],
+         "holds different weights (content sha256 differs)"),
+    Case("export-not-a-run", "`export` of a directory that is not a run",
+         lambda t, m: ["export", str(t), "--merge", str(t / "out")], "not a run directory (no config.yaml in it)"),
+    Case("export-no-step", "`export --step N` when the run has no checkpoint of step N",
+         lambda t, m: ["export", _run_dir_with_checkpoint(t, m), "--step", "7", "--merge", str(t / "out")],
+         "--step 7: the run"),
 ]
 
 

@@ -194,6 +194,10 @@ from posttrain.cli_eval import compare_cmd, eval_cmd  # noqa: E402  (eval comman
 app.command("eval")(user_errors(eval_cmd))
 app.command("compare")(user_errors(compare_cmd))
 
+from posttrain.cli_export import export as _export  # noqa: E402  (posttrain export RUN_DIR --merge OUT)
+
+app.command("export")(user_errors(_export))
+
 
 def main() -> None:  # pragma: no cover
     app()

@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from posttrain.config_base import _Section
+# the LoRA section lives in its own file, re-exported here
+from posttrain.config_lora import FIELD as LORA_FIELD, AdapterConfig, LoraConfig  # noqa: F401
 # the ops section (notifications) lives in its own file, re-exported here like the reward sections
 from posttrain.config_ops import EVENTS, NotifyTarget, OpsConfig  # noqa: F401
 # the reward sections live in their own file; re-exported here, where every caller imports config from
@@ -30,6 +32,9 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for trainer, reference and engines.")
     chat_template: Literal["auto", "never"] = Field(
         "auto", description="auto: use the tokenizer's chat template when it has one; never: plain prompts."
+    )
+    lora: LoraConfig | None = Field(
+        None, description="LoRA adapters instead of full fine-tuning (absent = full). The keys below apply when set.",
     )
 
 
@@ -442,6 +447,11 @@ class RMConfig(_Section):
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Share of pairs held out for accuracy and margin.")
     pairs: int = Field(4000, gt=0, description="Built-in pairs written by `posttrain rm pairs`.")
     label_noise: float = Field(0.1, ge=0, lt=0.5, description="Share of built-in pairs whose labels are swapped.")
+    lora: AdapterConfig | None = Field(
+        None, description="LoRA adapters on the reward model's body instead of full fine-tuning (absent = full); the "
+        "score head is trained whole. rm.out is still the merged model (a plain HF directory), with the adapter in "
+        "rm.out/adapter. The keys below apply when set.",
+    )
 
 
 class RunConfig(_Section):
@@ -510,8 +520,9 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
             lines.append(f"  - unknown key '{key}'{tip}; allowed keys here: {', '.join(allowed)}")
         elif e["type"] == "literal_error":
             lines.append(f"  - {key}: got {e.get('input')!r}; {e['msg'].lower()}")
-        elif e["type"] == "value_error":
-            lines.append(f"  - {e['msg'].removeprefix('Value error, ')}")
+        elif e["type"] == "value_error":  # a LoRA section's message names itself by its place (model/rm.lora)
+            msg = e["msg"].removeprefix("Value error, ").replace(LORA_FIELD, ".".join(str(p) for p in loc[:-1]))
+            lines.append(f"  - {msg}")
         else:
             lines.append(f"  - {key}: got {e.get('input')!r}; {e['msg']}")
     return "\n".join(lines)
@@ -593,6 +604,13 @@ def config_reference_markdown() -> str:
             ann = field.annotation
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 walk(ann, f"{prefix}{name}.")
+                continue
+            args = getattr(ann, "__args__", ())  # Optional[Section] only: list[Section] (reward.functions) stays a row
+            optional_section = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)
+                                and type(None) in args]
+            if optional_section:  # a section that is off when absent (model.lora): its row, then its keys
+                rows.append(f"| `{prefix}{name}` | section or None | `None` | {field.description or ''} |")
+                walk(optional_section[0], f"{prefix}{name}.")
                 continue
             default = field.get_default(call_default_factory=True)
             type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")

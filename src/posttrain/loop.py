@@ -19,11 +19,13 @@ from posttrain.orchestration.watchdog import Watchdog
 from posttrain.evals.alarm_wiring import LoopAlarms, after_step_evals_and_alarms
 from posttrain.evals.in_loop import InLoopEval
 from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
+from posttrain.models.lora import check_lora_targets, check_resume_kind
 from posttrain.preemption import ASSUMED_CHECKPOINT_BYTES_PER_S, Preempted, SigtermWatch, StepAbandoned
 from posttrain.progress import StepProgress
 from posttrain.rewards.functions import check_functions, check_resume, record_sources
 from posttrain.rewards.verifier import FailureBudget
 from posttrain.rollout.fleet import heldout_accuracy, rollout_resync, sync_weights
+from posttrain.rollout.lora_serving import check_adapter_serving
 from posttrain.rollout.sampler import Cursor, PromptSampler, data_fingerprint
 from posttrain.step import TIME_KEYS, run_step
 from posttrain.tasks import load_task
@@ -141,6 +143,7 @@ def load_resume_state(cfg: RunConfig, warn, data: str | None = None) -> tuple[Pa
         raise PosttrainError(
             f"--resume: no valid checkpoint under {root}", hint="start the run without --resume",
         )
+    check_resume_kind(cfg.model.lora, cfg.model.path, path)  # before the fingerprint: says what differs
     saved = json.loads((path / "state.json").read_text())
     if saved.get("config_fingerprint") != cfg.fingerprint():
         raise PosttrainError(
@@ -212,6 +215,9 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
     wall0 = time.perf_counter()
     task = load_task(cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
     check_model_dir(cfg.model.path)
+    if cfg.model.lora is not None:  # here, not first inside the trainer actor
+        check_lora_targets(cfg.model.lora, cfg.model.path)
+        check_adapter_serving(cfg)  # model.lora.sync=adapter needs vLLM engines
     if cfg.reward.weights.get("rm"):  # here, not first inside the reward-model actor
         from posttrain.rewards.rm_train import check_reward_model_dir
 

@@ -96,6 +96,11 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
             ref_lp = watched_get(roles.watchdog, [(roles.reference.logprobs.remote(k_prompts, k_comps), "reference",
                                                    "reference")])[0]
             times["reference"] = time.perf_counter() - t
+        elif cfg.model.lora is not None and a.kl_coef > 0:  # LoRA: the trainer's base model, adapters off
+            t = time.perf_counter()
+            ref_lp = watched_get(roles.watchdog, [(roles.trainer.reference_logprobs.remote(k_prompts, k_comps),
+                                                   "reference", "trainer")])[0]
+            times["reference"] = time.perf_counter() - t
         adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
         batch = TrainBatch(
             prompts=k_prompts, completions=k_comps, advantages=adv, engine_logprobs=train_set.engine_logprobs,

@@ -27,7 +27,8 @@ class Roles:
 
 
 def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
-    """(role name, resources) per bundle, trainer first. The reference exists only when kl_coef > 0."""
+    """(role name, resources) per bundle, trainer first. The reference exists only when kl_coef > 0 and the
+    policy is trained in full (with model.lora the trainer gives reference logprobs with its adapters off)."""
     t = cfg.topology
 
     def res(cpus: float, gpus: float = 0.0) -> dict[str, float]:
@@ -35,7 +36,7 @@ def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
 
     bundles = [("trainer", res(t.trainer_cpus, t.trainer_gpus))]
     bundles += [(f"trainer{r}", res(t.trainer_cpus, t.trainer_gpus)) for r in range(1, t.trainer_ranks)]
-    if cfg.algorithm.kl_coef > 0:
+    if cfg.algorithm.kl_coef > 0 and cfg.model.lora is None:
         bundles.append(("reference", res(t.reference_cpus)))
     if cfg.algorithm.name == "ppo":
         bundles.append(("critic", res(t.critic_cpus)))
@@ -57,6 +58,7 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
 
     from posttrain.orchestration.recovery import REDO_ATTEMPTS
     from posttrain.rewards.verifier import RewardWorker
+    from posttrain.rollout.lora_serving import lora_engine_options
     from posttrain.rollout.worker import RolloutWorker, rollout_worker_env
     from posttrain.training.reference import ReferenceModel
     from posttrain.training.trainer import Trainer
@@ -100,6 +102,7 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
         kv_cache_gb=v.kv_cache_gb,
         gpu_memory_utilization=v.gpu_memory_utilization,
         enforce_eager=v.enforce_eager,
+        **lora_engine_options(cfg),  # model.lora.sync=adapter: the engines serve the adapter
     )
     def rollout_worker(**options):
         return (ray.remote(RolloutWorker)

@@ -1,6 +1,8 @@
 """Reward-model training: a scalar head on an HF backbone (AutoModelForSequenceClassification, num_labels=1),
 trained with the Bradley-Terry loss on preference pairs, evaluated on held-out pairs every epoch, saved as an HF
-directory with the reward mean/std beside it (posttrain_reward.json) for normalization in the loop.
+directory with the reward mean/std beside it (posttrain_reward.json) for normalization in the loop. With rm.lora the
+body trains peft adapters and the head trains whole; rm.out is still a plain HF directory (the adapters merged), with
+the adapter in peft's format in rm.out/adapter.
 
     posttrain rm pairs cfg.yaml            # built-in pairs labelled by the hidden gold function (addition)
     posttrain rm train cfg.yaml            # rm.data -> rm.out
@@ -178,6 +180,11 @@ def _train(cfg: "RunConfig", log, progress) -> RMResult:
     torch.manual_seed(cfg.seed)
     pairs: list[PreferencePair] = read_preferences(rm.data)
     model, tok = load_backbone(rm.base, "rm.base")
+    adapters = None
+    if rm.lora is not None:  # the adapted layers and the head's trained copy now live inside `model`
+        from posttrain.models.lora import apply_lora_reward_model
+
+        adapters = apply_lora_reward_model(model, rm.lora, rm.base)
     encoder = PromptEncoder(tok, cfg.model.chat_template)
     max_len = int(getattr(model.config, "max_position_embeddings", 512) or 512)
     encoded = [(encode_sample(encoder, p.prompt, p.chosen, max_len), encode_sample(encoder, p.prompt, p.rejected, max_len),
@@ -185,7 +192,8 @@ def _train(cfg: "RunConfig", log, progress) -> RMResult:
     train_idx, held_idx = split_heldout(len(encoded), rm.heldout_fraction, cfg.seed)
     train_set, held_set = [encoded[i] for i in train_idx], [encoded[i] for i in held_idx]
     pad_id = tok.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=rm.lr, weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]  # with rm.lora: the adapters and the head
+    optimizer = torch.optim.AdamW(params, lr=rm.lr, weight_decay=0.0)
     rng = random.Random(cfg.seed)
     history = []
     total_steps, done = rm.epochs * -(-len(train_set) // rm.batch_size), 0
@@ -200,7 +208,7 @@ def _train(cfg: "RunConfig", log, progress) -> RMResult:
             loss = bradley_terry_loss(r_c, r_r, torch.tensor([m for _, _, m in batch]), rm.center_coef)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             losses.append(loss.item())
             done += 1
@@ -214,7 +222,7 @@ def _train(cfg: "RunConfig", log, progress) -> RMResult:
             f"mean margin {rec['heldout_margin']:.3f} ({len(held_set)} pairs)")
     t_c, t_r = evaluate_pairs(model, train_set, pad_id, 2 * rm.batch_size)
     mean, std = reward_stats(torch.cat([t_c, t_r]))
-    out = save_model_dir(model, tok, rm.out)
+    out = save_model_dir(model, tok, rm.out) if adapters is None else _save_lora_reward_model(adapters, tok, rm)
     result = RMResult(str(out), history[-1]["heldout_accuracy"], history[-1]["heldout_margin"], mean, std,
                       len(train_set), len(held_set), 0.0, history)
     result.wall_seconds = time.perf_counter() - t0
@@ -224,3 +232,22 @@ def _train(cfg: "RunConfig", log, progress) -> RMResult:
         "data": rm.data, "seed": cfg.seed, "rm": rm.model_dump(),
     }, indent=1) + "\n")
     return result
+
+
+def _save_lora_reward_model(adapters, tok, rm) -> Path:
+    """Writes rm.out as the merged model (a plain HF directory the loaders read without peft) and the adapter
+    (with the trained head) in peft's format in rm.out/adapter. The adapter is saved first: merging drops it."""
+    import os
+    import shutil
+
+    from posttrain.evals.runner import model_content_hash
+    from posttrain.models.lora import ADAPTER_DIR, save_adapter
+    from posttrain.training.sft import save_model_dir
+
+    out = Path(rm.out)
+    staged = out.with_name(f".{out.name}.adapter-{os.getpid()}")
+    shutil.rmtree(staged, ignore_errors=True)
+    save_adapter(adapters, staged, {"model_path": str(rm.base), "model_hash": model_content_hash(rm.base)})
+    save_model_dir(adapters.merge_and_unload(), tok, out)
+    os.rename(staged, out / ADAPTER_DIR)
+    return out

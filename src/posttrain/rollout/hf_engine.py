@@ -105,15 +105,17 @@ class HfEngine:
     def update_weights(self, payload) -> None:
         import torch
 
-        from posttrain.rollout.weights import payload_tensors
+        from posttrain.rollout.weights import payload_is_partial, payload_tensors
 
         tensors = payload_tensors(payload)
         with torch.no_grad():
             missing, unexpected = self.model.load_state_dict(tensors, strict=False)
-        # A name may be absent only when its tensor is tied to one that was sent (weights.py writes ties once).
+        # A name may be absent only when its tensor is tied to one that was sent (weights.py writes ties once), or
+        # when the payload is partial (LoRA sends the adapted layers only).
         params = self.model.state_dict(keep_vars=True)
         sent = {id(params[name]) for name in tensors if name in params}
-        untied_missing = [name for name in missing if id(params[name]) not in sent]
+        partial = payload_is_partial(payload)
+        untied_missing = [name for name in missing if id(params[name]) not in sent and not partial]
         if unexpected or untied_missing:
             raise PosttrainError(
                 f"weight sync: the weights do not match the HF model (unexpected: {unexpected[:5]}, "

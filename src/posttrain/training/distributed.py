@@ -10,7 +10,13 @@ gradient is the one-rank gradient. All ranks keep the same torch RNG, so minibat
 
 Checkpoints: `model/` (whole HF weights, written by rank 0), `trainer_shards/` (torch.distributed.checkpoint: the
 policy and optimizer as shards, reloadable with any number of ranks, or by the single-rank Trainer) and
-`trainer_state.pt` (RNG, update count, the rank count; no optimizer: that is in the shards)."""
+`trainer_state.pt` (RNG, update count, the rank count; no optimizer: that is in the shards).
+
+With model.lora nothing is sharded: every rank holds the whole frozen base model and the adapters (the adapters'
+gradients and AdamW states are small; sharding the frozen base would cost an all-gather of it on every forward to
+save its memory on each rank). After each backward the adapters' gradients are all-reduced (one flat tensor: what
+DDP would do), so every rank takes the same update and the adapters stay identical. Checkpoints, weight export and
+the reference (adapters off) are the single Trainer's, from rank 0 alone."""
 
 from __future__ import annotations
 
@@ -85,6 +91,12 @@ class ShardedTrainer(Trainer):
         backend = "nccl" if next(self.model.parameters()).is_cuda else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size, timeout=COLLECTIVE_TIMEOUT)
+        joined = {"rank": self.rank, "backend": backend, "pid": os.getpid(), "host": host, "port": port}
+        if self.lora is not None:  # replicated (see the module docstring); the Trainer's optimizer holds the adapters
+            self.trained = [p for p in self.model.parameters() if p.requires_grad]
+            for p in self.trained:  # the same seed gave every rank the same A; rank 0's makes sure of it
+                dist.broadcast(p.data, 0)
+            return joined
         mesh = init_device_mesh("cuda" if backend == "nccl" else "cpu", (self.world_size,))
         for layer in _decoder_layers(self.model):
             fully_shard(layer, mesh=mesh)
@@ -93,7 +105,7 @@ class ShardedTrainer(Trainer):
         a = self.cfg.algorithm
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=a.lr, betas=tuple(a.betas),
                                            weight_decay=a.weight_decay)
-        return {"rank": self.rank, "backend": backend, "pid": os.getpid(), "host": host, "port": port}
+        return joined
 
     def __repr__(self) -> str:  # Ray's state API lists actors by this (repr_name)
         return f"ShardedTrainer(rank={self.rank})"
@@ -147,8 +159,11 @@ class ShardedTrainer(Trainer):
                 share = loss_share(mask[local], mask[idx], a.loss_agg) if len(local) else 0.0
                 tokens = float(mask[local].sum()) / max(float(mask[idx].sum()), 1.0) if len(local) else 0.0
                 self.optimizer.zero_grad(set_to_none=True)
-                # FSDP averages gradients over ranks; times W makes it the sum of the shares.
+                # FSDP averages gradients over ranks (with LoRA, average_gradients does); times W makes it the sum of
+                # the shares.
                 (out.loss * (share * W)).backward()
+                if self.lora is not None:
+                    average_gradients(self.trained, W)
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
                 self.optimizer.step()
                 self.updates += 1
@@ -175,6 +190,11 @@ class ShardedTrainer(Trainer):
 
     # ------------------------------------------------------------------ weights and checkpoints
 
+    def reference_logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]] | None:
+        """The base model's logprobs (adapters off; LoRA only, as in Trainer). Not a collective: every rank holds the
+        whole model, so rank 0 answers and the others return None at once."""
+        return super().reference_logprobs(prompts, completions) if self.rank == 0 else None
+
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole policy on rank 0 (CPU tensors, HF names; a tied output head once, under the embedding's
         name); {} on the other ranks. A collective: every rank calls it."""
@@ -186,16 +206,21 @@ class ShardedTrainer(Trainer):
         return {k: v.contiguous() for k, v in full.items()}
 
     def export_weights(self) -> bytes | None:
-        """safetensors bytes of the whole policy from rank 0 (None from the others)."""
+        """safetensors bytes of the whole policy from rank 0 (None from the others). With LoRA, Trainer's payload."""
         from safetensors.torch import save
 
+        if self.lora is not None:
+            return super().export_weights() if self.rank == 0 else None
         full = self.full_state()
         return save(full) if self.rank == 0 else None
 
     def export_arrays(self) -> dict | None:
-        """The whole policy as an array payload (rollout/weights.py) from rank 0 (None from the others)."""
+        """The whole policy as an array payload (rollout/weights.py) from rank 0 (None from the others). With LoRA,
+        Trainer's payload (what changed)."""
         from posttrain.rollout.weights import arrays_from_tensors
 
+        if self.lora is not None:
+            return super().export_arrays() if self.rank == 0 else None
         full = self.full_state()
         return arrays_from_tensors(full) if self.rank == 0 else None
 
@@ -205,6 +230,11 @@ class ShardedTrainer(Trainer):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         d = Path(ckpt_tmp_dir)
+        if self.lora is not None:  # Trainer's checkpoint (adapter, merged model/, optimizer): the ranks hold the same
+            if self.rank == 0:
+                super().save(ckpt_tmp_dir)
+            dist.barrier()
+            return
         full = self.full_state()
         if self.rank == 0:
             (d / "model").mkdir(parents=True, exist_ok=True)
@@ -227,6 +257,9 @@ class ShardedTrainer(Trainer):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
         d = Path(ckpt_dir)
+        if self.lora is not None:  # every rank reads Trainer's checkpoint whole (a LoRA checkpoint has no shards)
+            super().load(ckpt_dir)
+            return
         ts = torch.load(d / TRAINER_STATE, weights_only=True)
         if (d / SHARDS_DIR).is_dir():
             model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
@@ -251,6 +284,17 @@ class ShardedTrainer(Trainer):
     def leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def average_gradients(params: list[torch.Tensor], world_size: int) -> None:
+    """Replaces each parameter's gradient by its mean over the ranks, in one all-reduce of the gradients flattened
+    into one tensor (a parameter without a gradient counts as zeros). A collective: every rank calls it."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    for p, g in zip(params, torch.split(flat, [g.numel() for g in grads])):
+        p.grad = g.view_as(p).clone()
 
 
 def _nonempty(rows: torch.Tensor) -> torch.Tensor:

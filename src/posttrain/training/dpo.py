@@ -2,8 +2,10 @@
 computed once before training, then each step takes a batch of pairs through the policy and the DPO loss
 (algorithms/dpo.py). Logs rewards/chosen, rewards/rejected, margins and accuracy of the implicit reward per step to
 runs/<name>/metrics.jsonl, greedy held-out score of the task before and after, and writes the policy as an HF
-directory. `DPOImplicitReward` scores (prompt, completion) texts with beta * (log pi - log pi_ref), so a DPO policy
-can serve as a reward model.
+directory. With model.lora the policy trains peft adapters only and the reference is the same model with its adapters
+off (no second copy); the output is then the merged model (a plain HF directory, as without LoRA) and the adapter in
+peft's format in runs/<name>/adapter (models/lora.py, as in the trainer's checkpoints). `DPOImplicitReward` scores
+(prompt, completion) texts with beta * (log pi - log pi_ref), so a DPO policy can serve as a reward model.
 
     posttrain dpo cfg.yaml dpo.pairs=pairs.jsonl        # or: posttrain train cfg.yaml algorithm.name=dpo ...
 """
@@ -66,6 +68,49 @@ def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[in
     return completion_logprobs(model, pack(prompts, completions, pad_id)).sum(-1)
 
 
+@torch.no_grad()
+def reference_logprobs(reference, prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> torch.Tensor:
+    """`sequence_logprobs` without gradients, REF_CHUNK rows per forward: [N]."""
+    return torch.cat([sequence_logprobs(reference, prompts[i:i + REF_CHUNK], completions[i:i + REF_CHUNK], pad_id)
+                      for i in range(0, len(prompts), REF_CHUNK)])
+
+
+def load_policy(cfg: RunConfig):
+    """(policy, tokenizer, adapters): the HF causal LM at model.path and, with model.lora, the PeftModel around it
+    (the policy's target layers now carry the adapters, which alone require grad); adapters is None without LoRA."""
+    from posttrain.models.lora import apply_lora
+
+    policy, tok = load_causal_lm(cfg.model.path)
+    adapters = apply_lora(policy, cfg.model.lora, cfg.model.path) if cfg.model.lora is not None else None
+    return policy, tok, adapters
+
+
+def dpo_reference_logprobs(cfg: RunConfig, adapters, prompts, chosen, rejected, pad_id: int):
+    """(chosen [N], rejected [N]) sequence logprobs under the reference: with LoRA the policy's own base model (its
+    adapters off, bit-exact base weights); without, a second copy of model.path, dropped after this."""
+    if adapters is not None:
+        with adapters.disable_adapter():
+            return (reference_logprobs(adapters, prompts, chosen, pad_id),
+                    reference_logprobs(adapters, prompts, rejected, pad_id))
+    reference, _ = load_causal_lm(cfg.model.path, field="dpo reference (model.path)")
+    return (reference_logprobs(reference, prompts, chosen, pad_id),
+            reference_logprobs(reference, prompts, rejected, pad_id))
+
+
+def dpo_step(policy, optimizer, params: list, prompts, chosen, rejected, ref_c, ref_r, *, pad_id: int, beta: float,
+             max_grad_norm: float):
+    """One optimizer step on a batch of B pairs (token ids; ref_c, ref_r: [B]) over `params` (the trained ones);
+    returns (the DPO loss' output, the grad norm before clipping). Chosen and rejected go through the policy in one
+    forward: rows [0, B) chosen, [B, 2B) rejected."""
+    lp = sequence_logprobs(policy, prompts * 2, chosen + rejected, pad_id)
+    out = dpo_loss(lp[: len(prompts)], lp[len(prompts):], ref_c, ref_r, beta)
+    optimizer.zero_grad(set_to_none=True)
+    out.loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    return out, gn
+
+
 class DPOImplicitReward:
     """beta * (log pi(y|x) - log pi_ref(y|x)) as a reward-model score for (prompt, completion) texts."""
 
@@ -105,23 +150,19 @@ def run_dpo(cfg: RunConfig, out_dir: str | Path | None = None, log=print) -> dic
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        policy, tok = load_causal_lm(cfg.model.path)
+        policy, tok, adapters = load_policy(cfg)
         encoder = PromptEncoder(tok, cfg.model.chat_template)
         pad = tok.pad_token_id
         prompts = [encoder.encode(x.prompt) for x in pairs]
         chosen = [encode_completion(encoder, x.chosen) for x in pairs]
         rejected = [encode_completion(encoder, x.rejected) for x in pairs]
-        reference, _ = load_causal_lm(cfg.model.path, field="dpo reference (model.path)")
-        with torch.no_grad():  # the reference is frozen: its logprobs are computed once, then it is dropped
-            ref_c = torch.cat([sequence_logprobs(reference, prompts[i:i + REF_CHUNK], chosen[i:i + REF_CHUNK], pad)
-                               for i in range(0, len(pairs), REF_CHUNK)])
-            ref_r = torch.cat([sequence_logprobs(reference, prompts[i:i + REF_CHUNK], rejected[i:i + REF_CHUNK], pad)
-                               for i in range(0, len(pairs), REF_CHUNK)])
-        del reference
+        # the reference is frozen: its logprobs are computed once
+        ref_c, ref_r = dpo_reference_logprobs(cfg, adapters, prompts, chosen, rejected, pad)
         task = load_task(cfg.task, cfg.seed)
         before, _ = greedy_accuracy(policy, encoder, task, task.heldout, cfg.eval.max_new_tokens)
         log(f"dpo: {len(pairs)} pairs, held-out score before {before:.3f}")
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+        params = [p for p in policy.parameters() if p.requires_grad]  # with LoRA the adapters only
+        optimizer = torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
         batches = batch_indices(len(pairs), cfg.dpo.batch_size, torch.Generator().manual_seed(cfg.seed))
         writer = MetricsWriter(run_dir)
         policy.train()
@@ -131,14 +172,9 @@ def run_dpo(cfg: RunConfig, out_dir: str | Path | None = None, log=print) -> dic
             idx = next(batches).tolist()
             for g in optimizer.param_groups:
                 g["lr"] = learning_rate(step, cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
-            # chosen and rejected through the policy in one forward: rows [0, B) chosen, [B, 2B) rejected
-            lp = sequence_logprobs(policy, [prompts[i] for i in idx] * 2,
-                                   [chosen[i] for i in idx] + [rejected[i] for i in idx], pad)
-            out = dpo_loss(lp[: len(idx)], lp[len(idx):], ref_c[idx], ref_r[idx], a.dpo_beta)
-            optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), a.max_grad_norm)
-            optimizer.step()
+            out, gn = dpo_step(policy, optimizer, params, [prompts[i] for i in idx], [chosen[i] for i in idx],
+                               [rejected[i] for i in idx], ref_c[idx], ref_r[idx], pad_id=pad, beta=a.dpo_beta,
+                               max_grad_norm=a.max_grad_norm)
             step_times.append(time.perf_counter() - ts)
             writer.write({"step": step + 1, "loss": float(out.loss.detach()), "rewards/chosen": float(out.rewards_chosen),
                           "rewards/rejected": float(out.rewards_rejected), "rewards/margins": float(out.margin),
@@ -146,15 +182,48 @@ def run_dpo(cfg: RunConfig, out_dir: str | Path | None = None, log=print) -> dic
         after, _ = greedy_accuracy(policy, encoder, task, task.heldout, cfg.eval.max_new_tokens)
         writer.write({"step": cfg.train.steps, "eval/heldout_accuracy": after})
         writer.close()
-        model_dir = save_model_dir(policy, tok, out_dir or run_dir / "model")
+        model_dir, adapter_dir = Path(out_dir or run_dir / "model"), None
+        if adapters is None:
+            save_model_dir(policy, tok, model_dir)
+        else:
+            adapter_dir = save_lora_policy(adapters, tok, model_dir, run_dir, cfg.model.path)
     finally:
         torch.set_num_threads(threads)
     summary = {
         "name": cfg.name, "algorithm": "dpo", "steps": cfg.train.steps, "pairs": len(pairs),
         "heldout_accuracy_before": before, "heldout_accuracy_after": after,
         "mean_step_seconds": sum(step_times) / max(len(step_times), 1), "wall_seconds": time.perf_counter() - t0,
-        "model_dir": str(model_dir),
+        "model_dir": str(model_dir), "adapter_dir": str(adapter_dir) if adapter_dir else None,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     log(f"dpo: held-out score {before:.3f} -> {after:.3f}; model written to {model_dir}")
     return summary
+
+
+class _MergedView:
+    """What `save_model_dir` saves for a LoRA policy: the merged model (models/lora.py save_merged_model), so the
+    directory is written the same atomic way as a full-weight one."""
+
+    def __init__(self, adapters, tokenizer):
+        self.adapters, self.tokenizer = adapters, tokenizer
+
+    def save_pretrained(self, out_dir: str, safe_serialization: bool = True) -> None:
+        from posttrain.models.lora import save_merged_model
+
+        save_merged_model(self.adapters, self.tokenizer, out_dir)
+
+
+def save_lora_policy(adapters, tokenizer, model_dir: Path, run_dir: Path, base_path: str) -> Path:
+    """Writes the merged policy to `model_dir` (a plain HF directory, loadable without peft) and the adapter in
+    peft's format, with the base model's path and content hash, to run_dir/adapter; returns the adapter dir."""
+    import shutil
+
+    from posttrain.evals.runner import model_content_hash
+    from posttrain.models.lora import ADAPTER_DIR, save_adapter
+    from posttrain.training.sft import save_model_dir
+
+    save_model_dir(_MergedView(adapters, tokenizer), tokenizer, model_dir)
+    adapter_dir = run_dir / ADAPTER_DIR
+    shutil.rmtree(adapter_dir, ignore_errors=True)  # a rerun's adapter replaces the last one whole
+    record = {"model_path": str(base_path), "model_hash": model_content_hash(base_path)}
+    return save_adapter(adapters, adapter_dir, record)

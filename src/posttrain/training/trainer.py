@@ -73,10 +73,19 @@ class Trainer(ActorProcess):
         torch.manual_seed(self.cfg.seed)
         random.seed(self.cfg.seed)
         self.model, self.tokenizer = load_causal_lm(model_dir, self.cfg.model.dtype)
+        self.lora = None  # model.lora: the PeftModel around self.model, whose targets now carry the adapters
+        if self.cfg.model.lora is not None:
+            from posttrain.evals.runner import model_content_hash
+            from posttrain.models.lora import apply_lora
+
+            self.lora = apply_lora(self.model, self.cfg.model.lora, model_dir)
+            # which base the adapter belongs to: --resume and export check it (models/lora.py)
+            self.lora_base = {"model_path": str(model_dir), "model_hash": model_content_hash(model_dir)}
         self.model.train()
         a = self.cfg.algorithm
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay
+        self.optimizer = torch.optim.AdamW(  # with LoRA only the adapters require grad
+            [p for p in self.model.parameters() if p.requires_grad], lr=a.lr, betas=tuple(a.betas),
+            weight_decay=a.weight_decay,
         )
         self.pad_id = self.tokenizer.pad_token_id
         self.updates = 0
@@ -176,24 +185,54 @@ class Trainer(ActorProcess):
         )
         return metrics
 
+    def reference_logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        """With LoRA, the reference is the base model: these weights with the adapters off (ReferenceModel.logprobs'
+        answer, without a second copy of the weights)."""
+        from posttrain.training.reference import sample_logprobs
+
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.lora.disable_adapter():
+                return sample_logprobs(self.cfg, self.model, self.pad_id, prompts, completions)
+        finally:
+            self.model.train(training)
+
     # ------------------------------------------------------------------ weights and checkpoints
 
     def export_weights(self) -> bytes:
-        from posttrain.rollout.weights import export_weights
+        from posttrain.rollout.weights import export_weights, payload_as_safetensors
 
+        if self.lora is not None:  # the same payload as export_arrays (partial, or the adapter), as bytes
+            return payload_as_safetensors(self.export_arrays())
         return export_weights(self.model)
 
     def export_arrays(self) -> dict:
         """The weights as an array payload (rollout/weights.py): what the loop syncs engines with."""
-        from posttrain.rollout.weights import export_arrays
+        from posttrain.rollout.weights import arrays_from_tensors, export_arrays
 
+        if self.lora is not None and self.cfg.model.lora.sync == "adapter":  # the adapter itself, served by vLLM
+            from posttrain.models.lora import adapter_payload
+
+            return adapter_payload(self.lora)
+        if self.lora is not None:  # only what changed: the adapted layers, merged (the rest is the engines' base)
+            from posttrain.models.lora import sync_weights_of_adapted
+
+            return arrays_from_tensors(sync_weights_of_adapted(self.lora), partial=True)
         return export_arrays(self.model)
 
     def save(self, ckpt_tmp_dir: str) -> None:
-        """Writes `model/` (HF dir, safetensors, with tokenizer) and the trainer state into the temp checkpoint dir."""
+        """Writes `model/` (HF dir, safetensors, with tokenizer; with LoRA the merged model, and the adapter in
+        `adapter/`) and the trainer state into the temp checkpoint dir."""
         d = Path(ckpt_tmp_dir)
-        self.model.save_pretrained(str(d / "model"), safe_serialization=True)
-        self.tokenizer.save_pretrained(str(d / "model"))
+        if self.lora is not None:  # the adapter in peft's format; model/ the merged model, for evals and export
+            from posttrain.models.lora import ADAPTER_DIR, save_adapter, save_merged_model
+
+            save_adapter(self.lora, d / ADAPTER_DIR, self.lora_base)
+            save_merged_model(self.lora, self.tokenizer, d / "model")
+        else:
+            self.model.save_pretrained(str(d / "model"), safe_serialization=True)
+            self.tokenizer.save_pretrained(str(d / "model"))
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "updates": self.updates,
              "python_rng": list(_jsonable(random.getstate()))},
@@ -201,17 +240,14 @@ class Trainer(ActorProcess):
         )
 
     def load(self, ckpt_dir: str) -> None:
-        """Restores weights, optimizer and RNG from a verified checkpoint directory."""
-        from safetensors.torch import load_file
-
+        """Restores weights (with LoRA: the adapter), optimizer and RNG from a verified checkpoint directory."""
         d = Path(ckpt_dir)
-        state = {}
-        for f in sorted((d / "model").glob("*.safetensors")):
-            state.update(load_file(str(f)))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        missing = [m for m in missing if not (m == "lm_head.weight" and self.model.config.tie_word_embeddings)]
-        if missing or unexpected:
-            raise RuntimeError(f"checkpoint {d} does not match the policy: missing {missing}, unexpected {unexpected}")
+        if self.lora is not None:
+            from posttrain.models.lora import ADAPTER_DIR, load_adapter
+
+            load_adapter(self.lora, d / ADAPTER_DIR)
+        else:
+            self._load_full_weights(d)
         ts = torch.load(d / TRAINER_STATE, weights_only=True)
         if "optimizer" in ts:
             self.optimizer.load_state_dict(ts["optimizer"])
@@ -222,6 +258,17 @@ class Trainer(ActorProcess):
         torch.set_rng_state(ts["torch_rng"])
         random.setstate(_tuplify(ts["python_rng"]))
         self.updates = int(ts["updates"])
+
+    def _load_full_weights(self, d: Path) -> None:
+        from safetensors.torch import load_file
+
+        state = {}
+        for f in sorted((d / "model").glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not (m == "lm_head.weight" and self.model.config.tie_word_embeddings)]
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {d} does not match the policy: missing {missing}, unexpected {unexpected}")
 
     def ping(self) -> int:
         import os
