@@ -18,6 +18,20 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.1f}"
 
 
+def training_line(doc: dict) -> str:
+    """What the trainer trains and where the reference logprobs come from, e.g. 'LoRA r=16 on all-linear (168 layers,
+    sync merged): 8,798,208 trainable params (1.78% of 494,032,768); reference: in trainer (adapters off)'."""
+    total, trainable = doc["policy"]["params"], doc["trainable_params"]
+    lo = doc["lora"]
+    if lo:
+        targets = lo["target_modules"] if isinstance(lo["target_modules"], str) else ",".join(lo["target_modules"])
+        what = (f"LoRA r={lo['r']} on {targets} ({lo['adapted_layers']} layers, sync {lo['sync']}): "
+                f"{trainable:,} trainable params ({100 * trainable / total:.2f}% of {total:,})")
+    else:
+        what = f"full fine-tuning: {trainable:,} trainable params"
+    return f"{what}; reference: {doc['reference_placement']}"
+
+
 def plan_table(doc: dict) -> Table:
     t = Table(title=f"plan on {doc['cluster']} (policy {doc['policy']['params'] / 1e9:.2f}B params, "
                     f"{doc['dtype']}, ${doc['usd_per_device_hour']:.2f}/device-hour)")
@@ -34,7 +48,7 @@ def plan_table(doc: dict) -> Table:
     return t
 
 
-def memory_table(plan: dict) -> Table:
+def memory_table(plan: dict, reference_placement: str = "") -> Table:
     t = Table(title=f"{plan['layout']}: memory per device by role (GB)")
     for col in ("role", "devices", "resident", "working set", "phase", "engine tp"):
         t.add_column(col)
@@ -42,6 +56,8 @@ def memory_table(plan: dict) -> Table:
         t.add_row(role, str(m["devices"]), " + ".join(f"{k} {_gb(v)}" for k, v in m["resident"].items()) or "-",
                   " + ".join(f"{k} {_gb(v)}" for k, v in m["working"].items()), m["phase"],
                   str(m["engine_tp"] or "-"))
+    if "reference" not in plan["memory"] and reference_placement.startswith("in trainer"):
+        t.add_row("reference", "-", reference_placement, "in the policy's", "reference", "-")
     return t
 
 
@@ -70,9 +86,10 @@ def register(app: typer.Typer, user_errors) -> None:
         inp, plans, chosen = plan_for_config(cfg, cluster=cluster, policy_config=policy_config,
                                              prompt_tokens=prompt_tokens, usd_per_device_hour=price, price_file=prices)
         doc = plan_document(inp, plans, chosen)
+        console.print(training_line(doc))
         console.print(plan_table(doc))
         if chosen is not None:
-            console.print(memory_table(chosen.to_dict()))
+            console.print(memory_table(chosen.to_dict(), doc["reference_placement"]))
             console.print(f"chosen: {chosen.layout} (topology.mode={cfg.topology.mode})")
         else:
             console.print("no layout fits: see 'why not' (try topology.micro_batch, activation_checkpointing, "

@@ -44,6 +44,12 @@ def train_flops(params: float, tokens: float) -> float:
     return 6.0 * params * tokens
 
 
+def lora_train_flops(params: float, trainable: float, tokens: float) -> float:
+    """A LoRA step per token: the frozen base's forward (2N) and its input gradients (2N) but no weight gradients,
+    plus the adapters' own forward and backward (6 per trainable parameter)."""
+    return (4.0 * params + 6.0 * trainable) * tokens
+
+
 def compute_seconds(flops: float, devices: int, peak_flops: float, utilization: float) -> float:
     return flops / (devices * peak_flops * utilization)
 

@@ -10,6 +10,7 @@ from posttrain.config import RunConfig
 from posttrain.errors import PosttrainError
 from posttrain.topology.devices import Cluster, parse_cluster
 from posttrain.topology.flops import Workload
+from posttrain.topology.lora import LoraShape, adapted_layers
 from posttrain.topology.model_shape import read_model_shape
 from posttrain.topology.plan import LayoutPlan, PlanInputs, choose, plan_layouts
 
@@ -37,6 +38,15 @@ def device_price(cluster: Cluster, price_file: str | None = None) -> float:
     return 0.0
 
 
+def lora_shape(cfg: RunConfig) -> LoraShape | None:
+    """model.lora as the planner reads it; None for full fine-tuning."""
+    lo = cfg.model.lora
+    if lo is None:
+        return None
+    targets = lo.target_modules if isinstance(lo.target_modules, str) else tuple(lo.target_modules)
+    return LoraShape(r=lo.r, target_modules=targets, dropout=lo.dropout, sync=lo.sync)
+
+
 def plan_inputs(cfg: RunConfig, cluster: str | None = None, policy_config: str | None = None,
                 prompt_tokens: int | None = None, usd_per_device_hour: float | None = None,
                 price_file: str | None = None) -> PlanInputs:
@@ -52,9 +62,13 @@ def plan_inputs(cfg: RunConfig, cluster: str | None = None, policy_config: str |
         )
     t = cfg.topology
     price = usd_per_device_hour or t.usd_per_device_hour
+    policy, lora = read_model_shape(policy_path), lora_shape(cfg)
+    if lora:
+        adapted_layers(policy, lora.target_modules)  # a target naming no linear layer stops here, named
     return PlanInputs(
         cluster=c,
-        policy=read_model_shape(policy_path),
+        policy=policy,
+        lora=lora,
         workload=workload_from_config(cfg, prompt_tokens),
         dtype=cfg.model.dtype,
         reference=cfg.algorithm.kl_coef > 0,
@@ -73,6 +87,12 @@ def plan_for_config(cfg: RunConfig, **kw) -> tuple[PlanInputs, list[LayoutPlan],
     return inp, plans, choose(plans, mode)
 
 
+def reference_placement(inp: PlanInputs) -> str:
+    if not inp.reference:
+        return "none (algorithm.kl_coef = 0)"
+    return "in trainer (adapters off)" if inp.reference_in_trainer else "own actor (a frozen copy of the policy)"
+
+
 def plan_document(inp: PlanInputs, plans: list[LayoutPlan], chosen: LayoutPlan | None) -> dict:
     """The JSON written by `posttrain plan --out`."""
     return {
@@ -84,6 +104,10 @@ def plan_document(inp: PlanInputs, plans: list[LayoutPlan], chosen: LayoutPlan |
         "workload": asdict(inp.workload),
         "dtype": inp.dtype,
         "reference": inp.reference,
+        "reference_placement": reference_placement(inp),
+        "lora": {**asdict(inp.lora), "adapted_layers": len(adapted_layers(inp.policy, inp.lora.target_modules))}
+        if inp.lora else None,
+        "trainable_params": inp.trainable_params,
         "activation_checkpointing": inp.checkpointing,
         "usd_per_device_hour": inp.usd_per_device_hour,
         "layouts": [p.to_dict() for p in plans],

@@ -24,6 +24,13 @@ def train_state_bytes(shape: ModelShape, dtype: str, shards: int = 1) -> float:
     return shape.params * TRAIN_STATE_BYTES[dtype] / shards
 
 
+def adapter_state_bytes(trainable: int, dtype: str, shards: int = 1) -> float:
+    """LoRA adapters' weights, gradients and AdamW states per device: TRAIN_STATE_BYTES per trainable parameter
+    (peft keeps adapters in fp32 under a 16-bit base: 4 + 4 + 8 = 16). The frozen base beside them costs only
+    weight_bytes: no gradients, no optimizer states, no fp32 master copy."""
+    return trainable * TRAIN_STATE_BYTES[dtype] / shards
+
+
 def activation_elements_per_token(shape: ModelShape) -> int:
     """Elements one decoder layer saves for backward per token, for a Llama-style layer (RMSNorm, fused
     attention that keeps no s*s scores, SwiGLU MLP, no dropout): the inputs of the two norms, of q/k/v, of o_proj

@@ -5,6 +5,8 @@ feasibility (with the reason when it does not fit), predicted step time and cost
 Roles: `rollout` (the generation engine, policy weights + KV cache), `policy` (the trainer: weights, gradients,
 Adam states, activations), `reference` (frozen policy copy, forward only; only with a KL term), `reward` (a reward
 model, forward only; absent for rule-based verifiers) and `critic` (value model, trained; absent for GRPO).
+With LoRA (`lora`) the trainer holds the frozen base once plus the adapters' training states, and there is no
+reference role: the trainer's base with the adapters off gives the reference logprobs (topology/lora.py).
 Phases run one after another (the loop's order), so a device's peak is its resident memory plus the largest
 working set of any one phase; a colocated engine sleeps (releases weights and KV cache) while the trainer runs."""
 
@@ -14,6 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from posttrain.topology import flops as F
+from posttrain.topology import lora as L
 from posttrain.topology import memory as M
 from posttrain.topology.devices import Cluster
 from posttrain.topology.model_shape import ModelShape
@@ -34,12 +37,22 @@ class PlanInputs:
     critic: ModelShape | None = None
     checkpointing: bool = False
     usd_per_device_hour: float = 0.0
+    lora: L.LoraShape | None = None  # None: full fine-tuning
+
+    @property
+    def reference_in_trainer(self) -> bool:
+        """LoRA with a KL term: the reference logprobs come from the trainer's base with the adapters off."""
+        return self.reference and self.lora is not None
+
+    @property
+    def trainable_params(self) -> int:
+        return L.lora_trainable_params(self.policy, self.lora) if self.lora else self.policy.params
 
     def roles(self) -> list[str]:
         """Roles that hold a model, in device-assignment order (the engine last, so it shares a node with the
         trainer it syncs from only when the others leave room)."""
         out = ["policy"]
-        out += ["reference"] if self.reference else []
+        out += ["reference"] if self.reference and not self.lora else []
         out += ["critic"] if self.critic else []
         out += ["reward"] if self.reward else []
         return out + ["rollout"]
@@ -99,6 +112,8 @@ def engine_tp(inp: PlanInputs, devices: int) -> int:
 def role_memory(inp: PlanInputs, role: str, devices: int) -> RoleMemory:
     w = inp.workload
     micro = w.micro_batch_per_device(devices)
+    if role == "policy" and inp.lora:
+        return lora_policy_memory(inp, devices, micro)
     if role in ("policy", "critic"):
         shape = inp.policy if role == "policy" else inp.critic
         return RoleMemory(
@@ -117,6 +132,36 @@ def role_memory(inp: PlanInputs, role: str, devices: int) -> RoleMemory:
     return RoleMemory(role, devices, resident={},
                       working={"engine_weights": M.weight_bytes(inp.policy, inp.dtype) / tp, "kv_cache": kv},
                       phase="generate", engine_tp=tp)
+
+
+def lora_policy_memory(inp: PlanInputs, devices: int, micro: int) -> RoleMemory:
+    """The LoRA trainer: frozen base + adapter states resident; its working set is the larger of the training pass
+    (the full model's activations, since gradients flow back through every layer to the first adapter, plus the
+    adapters' own) and, with a KL term, the reference forward it runs with the adapters off (no graph kept). On
+    several ranks every rank holds the whole frozen base and the whole adapters (training/distributed.py does not
+    shard a LoRA policy: it all-reduces the adapters' gradients), so nothing here divides by `devices`."""
+    w, shape, lora = inp.workload, inp.policy, inp.lora
+    train = M.activation_bytes(shape, w.seq_len, micro, inp.dtype, inp.checkpointing)
+    if not inp.checkpointing:  # full recomputation recomputes the adapters' tensors too
+        train += (w.seq_len * micro * L.lora_activation_elements_per_token(shape, lora)
+                  * M.BYTES_PER_ELEMENT[inp.dtype])
+    reference = M.forward_activation_bytes(shape, w.seq_len, micro, inp.dtype) if inp.reference else 0.0
+    return RoleMemory(
+        "policy", devices,
+        resident={"frozen_weights": M.weight_bytes(shape, inp.dtype),
+                  "adapter_states": M.adapter_state_bytes(inp.trainable_params, inp.dtype)},
+        working={"activations": max(train, reference)}, phase="train_policy",
+    )
+
+
+def sync_bytes(inp: PlanInputs) -> float:
+    """What one weight sync sends: every weight for full fine-tuning; with LoRA the adapted layers' merged weights
+    (sync 'merged') or the adapters alone (sync 'adapter')."""
+    if inp.lora is None:
+        return M.weight_bytes(inp.policy, inp.dtype)
+    elements = (L.adapted_weight_params(inp.policy, inp.lora) if inp.lora.sync == "merged"
+                else L.lora_trainable_params(inp.policy, inp.lora))
+    return elements * M.BYTES_PER_ELEMENT[inp.dtype]
 
 
 def device_peaks(mems: dict[str, RoleMemory], groups: dict[str, list[int]], n_devices: int) -> list[float]:
@@ -148,20 +193,21 @@ def phase_seconds(inp: PlanInputs, groups: dict[str, list[int]], mems: dict[str,
     if inp.reward:
         t["reward"] = F.compute_seconds(F.forward_flops(inp.reward.params, w.scored_tokens), n["reward"],
                                         dev.peak_flops, dev.inference_mfu)
-    if inp.reference:
-        t["reference"] = F.compute_seconds(F.forward_flops(N, w.scored_tokens), n["reference"], dev.peak_flops,
-                                           dev.inference_mfu)
+    if inp.reference:  # with LoRA on the trainer's devices, adapters off
+        t["reference"] = F.compute_seconds(F.forward_flops(N, w.scored_tokens),
+                                           n["policy" if inp.lora else "reference"], dev.peak_flops, dev.inference_mfu)
     trained = w.scored_tokens * w.train_passes
     if inp.critic:
         c = inp.critic.params
         t["values"] = F.compute_seconds(F.forward_flops(c, w.scored_tokens), n["critic"], dev.peak_flops,
                                         dev.inference_mfu)
         t["train_critic"] = F.compute_seconds(F.train_flops(c, trained), n["critic"], dev.peak_flops, dev.train_mfu)
-    t["train_policy"] = F.compute_seconds(F.train_flops(N, trained), n["policy"], dev.peak_flops, dev.train_mfu)
+    train = F.lora_train_flops(N, inp.trainable_params, trained) if inp.lora else F.train_flops(N, trained)
+    t["train_policy"] = F.compute_seconds(train, n["policy"], dev.peak_flops, dev.train_mfu)
     # Weight sync: on the same devices it is a copy in device memory; across devices it crosses the node link.
     same = set(groups["rollout"]) <= set(groups["policy"])
     bw = dev.memory_bandwidth if same else dev.link_bandwidth
-    t["sync"] = M.weight_bytes(inp.policy, inp.dtype) / bw
+    t["sync"] = sync_bytes(inp) / bw
     return t
 
 
