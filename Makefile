@@ -24,6 +24,7 @@ test-unit: install
 bench: install
 	$(BIN)/python benchmarks/perf.py
 	$(BIN)/python benchmarks/packing.py
+	$(BIN)/python benchmarks/time_to_accuracy.py
 
 readme: install
 	$(BIN)/python scripts/sync_readme.py

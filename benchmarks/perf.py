@@ -246,6 +246,19 @@ def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, se
     }
 
 
+def run_trl_spec(py: Path, spec: dict, work: Path, threads: int = THREADS) -> dict:
+    """Runs perf_trl.py on `spec` with TRL's venv python `py` (offline, `threads` OpenMP threads; its log in
+    work/trl.log) and returns its result JSON."""
+    (work / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_DISABLED": "true"})
+    with open(work / "trl.log", "w") as logf:
+        subprocess.run([str(py), str(HERE / "perf_trl.py"), str(work / "spec.json"), str(work / "result.json")],
+                       check=True, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    return json.loads((work / "result.json").read_text())
+
+
 def run_trl(py: Path, name: str, runs: Path, model: str, batches, warmup: int, seed: int, reward: str) -> dict:
     work = runs / name
     work.mkdir(parents=True, exist_ok=True)
@@ -253,14 +266,7 @@ def run_trl(py: Path, name: str, runs: Path, model: str, batches, warmup: int, s
             "reward": reward,
             "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL, "lr": LR, "clip_eps": CLIP,
             "torch_threads": THREADS, "seed": seed, "work_dir": str(work / "out")}
-    (work / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update({"OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_DISABLED": "true"})
-    with open(work / "trl.log", "w") as logf:
-        subprocess.run([str(py), str(HERE / "perf_trl.py"), str(work / "spec.json"), str(work / "result.json")],
-                       check=True, env=env, stdout=logf, stderr=subprocess.STDOUT)
-    out = json.loads((work / "result.json").read_text())
+    out = run_trl_spec(py, spec, work)
     step = out["step_seconds"][warmup:]
     lengths = out["completion_mean_length"][warmup:]
     tokens = sum(length * PROMPTS * GROUP for length in lengths)

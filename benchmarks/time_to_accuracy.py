@@ -1,0 +1,400 @@
+"""Time to accuracy, posttrain against TRL (issue 19): from one SFT-warm-started model on the built-in addition
+task, the train wall time until greedy held-out accuracy first reaches the start + 10 points, for posttrain full,
+posttrain LoRA, TRL's GRPOTrainer full and TRL LoRA (`peft_config`), with the same prompts in the same order, group
+size, completion length, KL coefficient, learning rate (per kind: full or LoRA), seed and held-out set; then a
+lever ablation: posttrain with one lever flipped per row. Writes benchmarks/results/time_to_accuracy.json.
+
+    .venv/bin/python benchmarks/time_to_accuracy.py                  # all rows (~25 min on 2 contended cores)
+    .venv/bin/python benchmarks/time_to_accuracy.py --rows posttrain_full,trl_full --step-cap 8   # a quick look
+    nice -n 5 .venv/bin/python benchmarks/time_to_accuracy.py --note "contended: 3 other engineers"
+
+What is timed, on both sides: the steps' own wall time (rollout, reward, reference, train, weight sync), summed up
+to the first held-out eval at or above the target. The evals themselves are outside it (posttrain: `time/eval` of
+metrics.jsonl, outside `time/step`; TRL: a TrainerCallback that evaluates after on_step_end's timer), and so is
+start-up (Ray, the vLLM engine, model loading). The held-out eval is the same on both sides: greedy, 8 new tokens,
+exact match of the stripped completion, on the same 500 problems; posttrain's runs on its vLLM engines, TRL's with
+transformers `generate` (their step-0 accuracies are in the JSON: they should agree).
+
+posttrain has no stop-at-accuracy setting, so its runs go to --step-cap and the time to target is read from the
+curve; TRL's stop at the target (its callback). With one-step-off rollout, posttrain's held-out eval waits for the
+rollout in flight (rollout/one_step_off.py), so that rollout's time would hide in the excluded eval time: those rows
+add back each eval's excess over the synchronous runs' median eval time (`eval_wait_added_s`); their evals also see
+the engines' weights, one update behind the trainer's.
+
+TRL runs in its own venv (perf.py's `ensure_trl_venv`, plus peft at this venv's version for `peft_config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "time_to_accuracy.json"
+
+# The matched settings (both sides). Learning rates per kind: LoRA's adapters need a larger one than full weights.
+# Full at 1e-3 collapsed posttrain's held-out accuracy from 0.18 to 0.00 within 64 steps (2026-12-04); 3e-4 is
+# posttrain's default.
+PROMPTS, GROUP, NEW_TOKENS, KL, CLIP, THREADS, SEED = 32, 8, 8, 0.02, 0.2, 2, 0
+LR = {"full": 3e-4, "lora": 2e-3}
+LORA = {"r": 16, "alpha": 32.0, "dropout": 0.0, "target_modules": "all-linear"}
+HELDOUT, EVAL_TOKENS, DELTA = 500, 8, 0.10
+
+# row -> (stack, kind, posttrain overrides beyond the matched ones). posttrain's main rows use its defaults
+# (vLLM rollout, packing, skipping groups without learning signal, synchronous rollout); each ablation flips one.
+MAIN = {
+    "posttrain_full": ("posttrain", "full", []),
+    "posttrain_lora": ("posttrain", "lora", []),
+    "trl_full": ("trl", "full", []),
+    "trl_lora": ("trl", "lora", []),
+}
+ABLATION = {
+    "posttrain_full_hf_generate": ("posttrain", "full", ["rollout.engine=hf"]),
+    "posttrain_full_one_step_off": ("posttrain", "full", ["rollout.async_one_step_off=true"]),
+    "posttrain_full_no_group_skip": ("posttrain", "full", ["algorithm.skip_zero_variance_groups=false"]),
+    "posttrain_full_no_packing": ("posttrain", "full", ["train.packing=false"]),
+    "posttrain_lora_one_step_off": ("posttrain", "lora", ["rollout.async_one_step_off=true"]),
+}
+ROWS = {**MAIN, **ABLATION}
+LEVERS = {  # row -> (lever, the row it is compared with, whether the row has the lever on)
+    "posttrain_full_no_packing": ("packing", "posttrain_full", False),
+    "posttrain_full_no_group_skip": ("skipping groups with no learning signal", "posttrain_full", False),
+    "posttrain_full_hf_generate": ("vLLM rollout instead of transformers generate", "posttrain_full", False),
+    "posttrain_full_one_step_off": ("one-step-off overlap (full)", "posttrain_full", True),
+    "posttrain_lora_one_step_off": ("one-step-off overlap (LoRA)", "posttrain_lora", True),
+    "posttrain_lora": ("LoRA (cheaper backward, shared reference) instead of full", "posttrain_full", True),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[tta {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def median(xs) -> float | None:
+    xs = list(xs)
+    return statistics.median(xs) if xs else None
+
+
+class LoadSampler:
+    """/proc/loadavg's 1-minute figure every `every` seconds while the runs go (the machine is shared)."""
+
+    def __init__(self, every: float = 10.0):
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+
+    def _run(self, every: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append(float(open("/proc/loadavg").read().split()[0]))
+            self._stop.wait(every)
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        s = self.samples
+        return {"loadavg_1min_mean": round(sum(s) / len(s), 2) if s else None, "loadavg_1min_max": max(s, default=None),
+                "samples": len(s)}
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def task_and_batches(step_cap: int):
+    """The held-out problems and each step's prompts exactly as posttrain's loop draws them (the same cursor)."""
+    from posttrain.config import TaskConfig
+    from posttrain.rollout.sampler import PromptSampler
+    from posttrain.tasks import load_task
+
+    task = load_task(TaskConfig(name="addition", heldout_size=HELDOUT), SEED)
+    sampler = PromptSampler(task.train, SEED)
+    return task, [sampler.next_batch(PROMPTS) for _ in range(step_cap)]
+
+
+# ---------------------------------------------------------------------------------------------- posttrain
+
+
+def posttrain_overrides(name: str, runs: Path, model: str, kind: str, steps: int, every: int, extra: list[str]):
+    lora = [f"model.lora.r={LORA['r']}", f"model.lora.alpha={LORA['alpha']}", f"model.lora.dropout={LORA['dropout']}",
+            f"model.lora.target_modules={LORA['target_modules']}"] if kind == "lora" else []
+    return [
+        f"name={name}", f"runs_dir={runs}", f"model.path={model}", f"seed={SEED}", f"train.steps={steps}",
+        "algorithm.name=grpo", f"algorithm.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}",
+        f"algorithm.kl_coef={KL}", f"algorithm.lr={LR[kind]}", "algorithm.lr_schedule=constant",
+        f"algorithm.clip_eps={CLIP}", "algorithm.loss_agg=token", "algorithm.max_grad_norm=1.0",
+        f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.temperature=1.0", "rollout.top_p=1.0",
+        f"topology.torch_threads={THREADS}", "task.name=addition", f"task.heldout_size={HELDOUT}",
+        f"eval.every={every}", f"eval.max_new_tokens={EVAL_TOKENS}", "checkpoint.every=0", "logging.progress=false",
+        *lora, *extra,
+    ]
+
+
+def run_posttrain(name: str, runs: Path, model: str, kind: str, steps: int, every: int, extra: list[str]) -> dict:
+    from posttrain.config import load_config
+    from posttrain.loop import remove_run, train
+    from posttrain.tracking import read_metrics
+
+    overrides = posttrain_overrides(name, runs, model, kind, steps, every, extra)
+    cfg = load_config(None, overrides)
+    remove_run(cfg.run_dir)
+    train(cfg, progress=False)
+    records = read_metrics(cfg.run_dir)
+    steps_m = [r for r in records if "time/step" in r]
+    curve, total, by_step = [], 0.0, {r["step"]: r for r in steps_m}
+    for r in sorted((r for r in records if "eval/heldout_accuracy" in r), key=lambda r: r["step"]):
+        total = sum(by_step[s]["time/step"] for s in by_step if s <= r["step"])
+        curve.append({"step": r["step"], "accuracy": r["eval/heldout_accuracy"], "train_seconds": total,
+                      "eval_seconds": r.get("time/eval")})
+    split_keys = ("generate", "reward", "reference", "train", "sync", "other")
+    return {"curve": curve, "overrides": overrides,
+            "step_seconds": [r["time/step"] for r in steps_m],
+            "step_split_seconds": [{k: r.get(f"time/{k}", 0.0) for k in split_keys} for r in steps_m],
+            "kept_groups": [r.get("kept_groups") for r in steps_m]}
+
+
+# ---------------------------------------------------------------------------------------------- TRL
+
+
+def ensure_trl_with_peft() -> Path:
+    """perf.py's TRL venv, plus peft at this venv's version (TRL's `peft_config` needs it; perf.py does not)."""
+    import peft
+
+    from perf import ensure_trl_venv
+
+    py = ensure_trl_venv()
+    stamp = py.parent.parent / f".ok-peft{peft.__version__}"
+    if not stamp.exists():
+        log(f"installing peft {peft.__version__} into {py.parent.parent}")
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "-c", str(py.parent.parent / "constraints.txt"),
+                        f"peft=={peft.__version__}"], check=True)
+        stamp.touch()
+    return py
+
+
+def run_trl(py: Path, name: str, runs: Path, model: str, kind: str, batches, task, every: int) -> dict:
+    work = runs / name
+    work.mkdir(parents=True, exist_ok=True)
+    spec = {"model": model, "batches": [[{"prompt": p.prompt, "answer": p.answer} for p in b] for b in batches],
+            "reward": f"{HERE / 'workload_rewards.py'}:exact_answer",
+            "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL, "lr": LR[kind], "clip_eps": CLIP,
+            "torch_threads": THREADS, "seed": SEED, "work_dir": str(work / "out"),
+            "peft": LORA if kind == "lora" else None,
+            "eval": {"problems": [{"prompt": p.prompt, "answer": p.answer} for p in task.heldout], "every": every,
+                     "max_new_tokens": EVAL_TOKENS, "target_delta": DELTA}}
+    from perf import run_trl_spec
+
+    out = run_trl_spec(py, spec, work, THREADS)
+    return {"curve": out["eval"]["curve"], "step_seconds": out["step_seconds"],
+            "step_split_seconds": out["step_split_seconds"], "non_default_settings": out["non_default_settings"],
+            "peft": out["peft"], "trainable_params": out["trainable_params"], "versions": out["versions"],
+            "reference_model_loaded": out["reference_model"]}
+
+
+# ---------------------------------------------------------------------------------------------- summary
+
+
+def summarize(res: dict, delta: float, pure_eval_s: float | None = None) -> dict:
+    """Start and final accuracy, the first eval at or above start + delta: its step and the train seconds to it,
+    and the median step split up to it. `pure_eval_s` (one-step-off rows): each eval's excess over it is rollout
+    time that waited inside the eval; it is added back."""
+    curve = res["curve"]
+    start, target = curve[0]["accuracy"], curve[0]["accuracy"] + delta
+    hit = next((c for c in curve if c["step"] > 0 and c["accuracy"] >= target - 1e-9), None)
+    upto = hit["step"] if hit else len(res["step_seconds"])
+    added = 0.0
+    if pure_eval_s is not None:
+        added = sum(max(0.0, (c["eval_seconds"] or 0.0) - pure_eval_s) for c in curve if 0 < c["step"] < upto)
+    splits = res["step_split_seconds"][:upto] if res.get("step_split_seconds") else []
+    out = {
+        "start_accuracy": start, "target_accuracy": round(target, 4), "final_accuracy": curve[-1]["accuracy"],
+        "best_accuracy": max(c["accuracy"] for c in curve), "steps_run": len(res["step_seconds"]),
+        "reached": hit is not None, "steps_to_target": hit["step"] if hit else None,
+        "seconds_to_target": (hit["train_seconds"] + added) if hit else None,
+        "seconds_run": sum(res["step_seconds"]) + added,
+        "median_step_s": median(res["step_seconds"]),
+        "median_split_s_to_target": {k: round(median(s[k] for s in splits), 4) for k in splits[0]} if splits else None,
+        "curve": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in c.items()} for c in curve],
+    }
+    if pure_eval_s is not None:
+        out["eval_wait_added_s"] = round(added, 3)
+    return out
+
+
+def ratios(rows: dict) -> dict:
+    """posttrain's seconds to target over TRL's; when only posttrain reached it, an upper bound (TRL's seconds for
+    all its steps), written '< x'."""
+    def ratio(a: str, b: str):
+        x, y = rows.get(a, {}).get("summary", {}), rows.get(b, {}).get("summary", {})
+        if x.get("reached") and y.get("reached"):
+            return round(x["seconds_to_target"] / y["seconds_to_target"], 3)
+        if x.get("reached") and y:
+            return f"< {x['seconds_to_target'] / y['seconds_run']:.3f} ({b} not at target after {y['steps_run']} steps)"
+        return None
+
+    reached = [r for r in rows if rows[r].get("summary", {}).get("reached")]
+    best_pt = [r for r in ("posttrain_full", "posttrain_lora") if r in reached]
+    best_trl = [r for r in ("trl_full", "trl_lora") if r in rows]
+    out = {"posttrain_full / trl_full": ratio("posttrain_full", "trl_full"),
+           "posttrain_lora / trl_lora": ratio("posttrain_lora", "trl_lora")}
+    if best_pt and best_trl:
+        p = min(best_pt, key=lambda r: rows[r]["summary"]["seconds_to_target"])
+        t = min(best_trl, key=lambda r: rows[r]["summary"]["seconds_to_target"] or float("inf"))
+        out[f"best posttrain ({p}) / best TRL ({t})"] = ratio(p, t)
+    out["per step, median (not a time to accuracy)"] = {
+        f"{a} / {b}": round(rows[a]["summary"]["median_step_s"] / rows[b]["summary"]["median_step_s"], 3)
+        for a, b in (("posttrain_full", "trl_full"), ("posttrain_lora", "trl_lora")) if a in rows and b in rows}
+    out["target"] = "<= 0.25"
+    return out
+
+
+def levers(rows: dict) -> list[dict]:
+    out = []
+    for row, (lever, base, on) in LEVERS.items():
+        a, b = rows.get(row, {}).get("summary"), rows.get(base, {}).get("summary")
+        if not a or not b:
+            continue
+        with_lever, without = (a, b) if on else (b, a)
+        entry = {"lever": lever, "row": row, "compared_with": base,
+                 "seconds_to_target_with": with_lever["seconds_to_target"],
+                 "seconds_to_target_without": without["seconds_to_target"],
+                 "median_step_s_with": with_lever["median_step_s"], "median_step_s_without": without["median_step_s"],
+                 "steps_to_target_with": with_lever["steps_to_target"],
+                 "steps_to_target_without": without["steps_to_target"]}
+        if entry["seconds_to_target_with"] and entry["seconds_to_target_without"]:
+            entry["speedup_to_target"] = round(entry["seconds_to_target_without"] / entry["seconds_to_target_with"], 3)
+        entry["speedup_per_step"] = round(entry["median_step_s_without"] / entry["median_step_s_with"], 3)
+        out.append(entry)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    global THREADS  # --threads: the one setting the functions above read from the module
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"rows to run, of {', '.join(ROWS)}")
+    ap.add_argument("--step-cap", type=int, default=160, help="most steps per run")
+    ap.add_argument("--eval-every", type=int, default=4, help="held-out eval every k steps (both sides)")
+    ap.add_argument("--warm-model", default=None, help="SFT model (default: runs/demo/sft-model, else one is made)")
+    ap.add_argument("--runs-dir", default="runs/bench-tta")
+    ap.add_argument("--threads", type=int, default=THREADS, help="torch threads: posttrain's trainer/reference, TRL's")
+    ap.add_argument("--note", default="", help="a line for the JSON (e.g. what else ran on the machine)")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    THREADS = args.threads
+    wanted = [r for r in args.rows.split(",") if r]
+    if unknown := [r for r in wanted if r not in ROWS]:
+        raise SystemExit(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
+
+    from perf import ensure_warm_model, machine
+
+    from posttrain.config import RayConfig
+    from posttrain.orchestration.runtime import start_ray, stop_ray
+
+    runs = Path(args.runs_dir).resolve()
+    runs.mkdir(parents=True, exist_ok=True)
+    model = str(Path(ensure_warm_model(SimpleNamespace(warm_model=args.warm_model), runs)).resolve())
+    task, batches = task_and_batches(args.step_cap)
+    py = ensure_trl_with_peft() if any(ROWS[r][0] == "trl" for r in wanted) else None
+    rows: dict = {}
+    t0 = time.perf_counter()
+    load_start = open("/proc/loadavg").read().split()[:3]
+    context = {"model": model, "load_start": load_start, "machine": machine(), "cpu": cpu_model(), "t0": t0}
+    with LoadSampler() as load:
+        if any(ROWS[r][0] == "posttrain" for r in wanted):
+            start_ray(RayConfig(num_cpus=4), 4)  # one Ray session for every posttrain run
+        try:
+            for name in wanted:
+                stack, kind, extra = ROWS[name]
+                log(f"{name} ({stack}, {kind}, lr {LR[kind]}{', ' + ' '.join(extra) if extra else ''})")
+                before = len(load.samples)
+                if stack == "posttrain":
+                    res = run_posttrain(name, runs, model, kind, args.step_cap, args.eval_every, extra)
+                else:
+                    res = run_trl(py, name, runs, model, kind, batches, task, args.eval_every)
+                during = load.samples[before:]
+                res["loadavg_1min_during"] = [min(during), max(during)] if during else None
+                rows[name] = {"stack": stack, "kind": kind, "lr": LR[kind], "extra": extra, "result": res}
+                log(f"  curve {[(c['step'], round(c['accuracy'], 3)) for c in res['curve']]}")
+                out = write_results(args, rows, context, load)  # after every row: a stopped run keeps its rows
+        finally:
+            stop_ray()
+    out = write_results(args, rows, context, load)
+    for name, s in out["rows"].items():
+        log(f"{name}: start {s['start_accuracy']:.3f} final {s['final_accuracy']:.3f} reached {s['reached']} "
+            f"in {s['steps_to_target']} steps, {s['seconds_to_target']} s (median step {s['median_step_s']:.3f} s)")
+    print(json.dumps({"rows": {n: {k: v for k, v in r.items() if k != "curve"} for n, r in out["rows"].items()},
+                      "ratio": out["ratio_seconds_to_target"], "levers": out["levers"]}, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def write_results(args, rows: dict, context: dict, load: LoadSampler) -> dict:
+    """Summaries of the rows run so far, the machine, the load and both sides' settings, written to --out."""
+    # one-step-off: add back rollout time that waited inside the evals (see the docstring)
+    sync_evals = [c["eval_seconds"] for n, r in rows.items() if r["stack"] == "posttrain" and "one_step_off" not in n
+                  for c in r["result"]["curve"] if c["step"] > 0 and c["eval_seconds"]]
+    pure_eval = median(sync_evals)
+    for name, r in rows.items():
+        r["summary"] = summarize(r["result"], DELTA, pure_eval if "one_step_off" in name else None)
+    out = {
+        "what": "train wall seconds (eval and start-up excluded) until greedy held-out accuracy first reaches the "
+                "start + 10 points; posttrain vs TRL GRPOTrainer, full and LoRA, from one SFT-warm-started model",
+        "note": args.note,
+        "command": " ".join(sys.argv),
+        "machine": {**context["machine"], "cpu_model_lscpu": context["cpu"],
+                    "loadavg_1_5_15_min_at_start": context["load_start"],
+                    "loadavg_1_5_15_min_at_end": open("/proc/loadavg").read().split()[:3],
+                    "load_during": load.summary(),
+                    "contended": "shared machine: other engineers' jobs ran at the same time; rerun on a quiet "
+                                 "machine before quoting (see load_during)"},
+        "model": context["model"], "task": f"addition (built-in), {HELDOUT} held-out problems, seed {SEED}",
+        "settings": {
+            "both": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL,
+                     "clip_eps": CLIP, "lr_full": LR["full"], "lr_lora": LR["lora"], "lr_schedule": "constant",
+                     "lora": LORA, "torch_threads": THREADS, "seed": SEED, "eval_every": args.eval_every,
+                     "eval": f"greedy, {EVAL_TOKENS} new tokens, exact match, {HELDOUT} held-out problems",
+                     "target": f"start + {DELTA}", "step_cap": args.step_cap,
+                     "prompts": "the same batches in the same order (posttrain's sampler cursor; TRL "
+                                "shuffle_dataset=False)"},
+            "posttrain": {n: r["result"]["overrides"] for n, r in rows.items() if r["stack"] == "posttrain"},
+            "trl": {n: {"non_default_settings": r["result"]["non_default_settings"], "peft": r["result"]["peft"],
+                        "trainable_params": r["result"]["trainable_params"],
+                        "reference_model_loaded": r["result"]["reference_model_loaded"]}
+                    for n, r in rows.items() if r["stack"] == "trl"},
+            "trl_versions": next((r["result"]["versions"] for r in rows.values() if r["stack"] == "trl"), None),
+        },
+        "rows": {n: {"stack": r["stack"], "kind": r["kind"], "lr": r["lr"], "extra": r["extra"], **r["summary"],
+                     "loadavg_1min_during": r["result"]["loadavg_1min_during"]} for n, r in rows.items()},
+        "ratio_seconds_to_target": ratios(rows),
+        "levers": levers(rows),
+        "pure_eval_seconds_median": pure_eval,
+        "wall_seconds": round(time.perf_counter() - context["t0"], 1),
+    }
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    raise SystemExit(main())
