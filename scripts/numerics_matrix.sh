@@ -25,7 +25,8 @@ LEARNING_TESTS=(
   tests/test_sft.py
   tests/test_demo_tools.py
 )
-VLLM_TESTS=(tests/evals/test_eval_integration.py)
+# their runs (or fixtures) generate with vLLM, whose compiled kernels do not build under novec (inductor C++ error)
+VLLM_TESTS=(tests/evals/test_eval_integration.py tests/evals/test_planted_overoptimization.py tests/test_rlhf_integration.py)
 
 settings=() extra=()
 while (($#)); do
