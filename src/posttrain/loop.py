@@ -277,7 +277,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
     started_ray = not ray.is_initialized()
     start_ray(cfg.ray, needed_cpus(cfg))
     if nodes is not None:
-        nodes.look()  # the nodes this run starts with: a node gone later is a node this run lost
+        nodes.start()  # the nodes this run starts with: a node gone later is a node this run lost
     sigterm = SigtermWatch(cfg.checkpoint.grace_seconds, ckpt.checkpoint_bytes_estimate(cfg.model.path)
                            / ASSUMED_CHECKPOINT_BYTES_PER_S).install()  # after ray.init, which sets its own
     roles = None

@@ -80,3 +80,19 @@ def test_two_nodes_to_one_exits_naming_what_is_missing_and_resumes_when_a_node_i
     assert "--resume" in failed["fields"]["resume"]
     print(f"2 -> 1 node: exit after {run['exited_s']:.0f} s ({flat[:160]}...); resumed on a new node in "
           f"{resumed['wall_s']:.0f} s")
+
+
+def test_a_node_declared_dead_between_a_loss_and_the_reform_is_still_reported_once():
+    """The race CI hit: the roles on a node fail, the run looks (Ray still lists the node alive), the next attempt
+    starts after Ray declared it dead; that start must not swallow the loss, and the next look reports it once."""
+    from posttrain.orchestration.reform import NodeWatch
+
+    a, b = {"CPU": 3.0}, {"CPU": 3.0}
+    watch = NodeWatch()
+    watch.start({"head": a, "n1": b})
+    assert watch.look({"head": a, "n1": b}) == ({"head": a, "n1": b}, [])  # roles lost; Ray has not noticed yet
+    watch.start({"head": a})  # the re-form's attempt starts once Ray declared n1 dead: nothing reported here
+    assert watch.look({"head": a})[1] == ["n1"]  # the capacity exit (or the re-form) tells of it
+    assert watch.look({"head": a})[1] == []  # once
+    watch.start({"head": a, "n3": b})  # a node that joins later and is lost is this run's loss too
+    assert watch.look({"head": a})[1] == ["n3"]

@@ -80,23 +80,31 @@ def alive_nodes() -> dict[str, dict]:
 
 class NodeWatch:
     """The Ray nodes a run has seen alive, and which of them are gone since (each reported once), so a node lost
-    before this run started is not this run's loss. No nodes on an embedded cluster that was stopped."""
+    before this run started is not this run's loss. No nodes on an embedded cluster that was stopped. `alive` (node
+    id -> resources) is Ray's view, asked when not given."""
 
     def __init__(self):
         self.seen: set[str] = set()
         self.reported: set[str] = set()
 
-    def look(self) -> tuple[dict[str, dict], list[str]]:
-        """(alive node id -> resources, node ids newly gone)."""
-        import ray
+    def start(self, alive: dict[str, dict] | None = None) -> None:
+        """Adds the nodes alive now to those seen, reporting none: called as each attempt of a run starts. A node
+        that died before a re-form, and that Ray declares dead only after this, is still reported by a later look."""
+        self.seen |= set(_ask_ray() if alive is None else alive)
 
-        if not ray.is_initialized():
-            return {}, []
-        alive = alive_nodes()
+    def look(self, alive: dict[str, dict] | None = None) -> tuple[dict[str, dict], list[str]]:
+        """(alive node id -> resources, node ids newly gone)."""
+        alive = _ask_ray() if alive is None else alive
         self.seen |= set(alive)
         gone = sorted(self.seen - set(alive) - self.reported)
         self.reported |= set(gone)
         return alive, gone
+
+
+def _ask_ray() -> dict[str, dict]:
+    import ray
+
+    return alive_nodes() if ray.is_initialized() else {}
 
 
 def capacity_text(nodes: dict[str, dict]) -> str:
