@@ -90,16 +90,14 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
     train_metrics: dict = {}
     if len(train_set):
         k_prompts, k_comps = train_set.prompts, train_set.completions
-        ref_lp = None
+        ref_lp, call = None, None
         if roles.reference is not None:
-            t = time.perf_counter()
-            ref_lp = watched_get(roles.watchdog, [(roles.reference.logprobs.remote(k_prompts, k_comps), "reference",
-                                                   "reference")])[0]
-            times["reference"] = time.perf_counter() - t
+            call = (roles.reference.logprobs.remote(k_prompts, k_comps), "reference", "reference")
         elif cfg.model.lora is not None and a.kl_coef > 0:  # LoRA: the trainer's base model, adapters off
+            call = (roles.trainer.reference_logprobs.remote(k_prompts, k_comps), "reference", "trainer")
+        if call is not None:
             t = time.perf_counter()
-            ref_lp = watched_get(roles.watchdog, [(roles.trainer.reference_logprobs.remote(k_prompts, k_comps),
-                                                   "reference", "trainer")])[0]
+            ref_lp = watched_get(roles.watchdog, [call])[0]
             times["reference"] = time.perf_counter() - t
         adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
         batch = TrainBatch(

@@ -84,7 +84,7 @@ def make_engine(kind: str, model_dir: str, **options) -> RolloutEngine:
     """Builds an engine of `kind` ("vllm" or "hf") on the HF model directory `model_dir`. `options` are
     VllmEngine's keyword arguments (dtype, seed, max_model_len in tokens, kv_cache_gb for vLLM on CPU,
     gpu_memory_utilization for vLLM on GPU, enforce_eager, max_lora_rank to serve a LoRA adapter); the HF engine
-    uses dtype and max_model_len."""
+    uses dtype and max_model_len (adapter serving on it is refused before any actor: lora_serving.py)."""
     if kind == "vllm":
         from posttrain.rollout.vllm_engine import VllmEngine
 
@@ -92,8 +92,5 @@ def make_engine(kind: str, model_dir: str, **options) -> RolloutEngine:
     if kind == "hf":
         from posttrain.rollout.hf_engine import HfEngine
 
-        if options.get("max_lora_rank"):
-            raise PosttrainError("model.lora.sync=adapter with rollout.engine=hf: only vLLM serves LoRA adapters",
-                                 hint="set model.lora.sync=merged, or rollout.engine=vllm")
         return HfEngine(model_dir, dtype=options.get("dtype", "float32"), max_model_len=options.get("max_model_len", 128))
     raise PosttrainError(f"rollout.engine: unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")

@@ -60,26 +60,25 @@ def arrays_from_tensors(tensors: dict, partial: bool = False) -> dict:
     return {"format": ARRAYS_FORMAT, "tensors": out, **({PARTIAL_KEY: True} if partial else {})}
 
 
-def payload_is_partial(payload) -> bool:
-    """Whether either payload holds only some of the model's tensors (`arrays_from_tensors(partial=True)`)."""
+def payload_metadata(payload, key: str):
+    """A marker of either payload: the array payload's `key`, or the safetensors header's __metadata__[key]."""
     if isinstance(payload, dict):
-        return bool(payload.get(PARTIAL_KEY))
+        return payload.get(key)
     import json
     import struct
 
     (header_len,) = struct.unpack("<Q", bytes(payload[:8]))
-    return json.loads(bytes(payload[8 : 8 + header_len])).get("__metadata__", {}).get(PARTIAL_KEY) == "1"
+    return json.loads(bytes(payload[8 : 8 + header_len])).get("__metadata__", {}).get(key)
+
+
+def payload_is_partial(payload) -> bool:
+    """Whether either payload holds only some of the model's tensors (`arrays_from_tensors(partial=True)`)."""
+    return payload_metadata(payload, PARTIAL_KEY) in (True, "1")
 
 
 def payload_adapter_config(payload) -> str | None:
     """adapter_config.json's text when either payload is a LoRA adapter (model.lora.sync=adapter), else None."""
-    if isinstance(payload, dict):
-        return payload.get(ADAPTER_CONFIG_KEY)
-    import json
-    import struct
-
-    (header_len,) = struct.unpack("<Q", bytes(payload[:8]))
-    return json.loads(bytes(payload[8 : 8 + header_len])).get("__metadata__", {}).get(ADAPTER_CONFIG_KEY)
+    return payload_metadata(payload, ADAPTER_CONFIG_KEY)
 
 
 def export_arrays(model) -> dict:
