@@ -118,3 +118,18 @@ def test_train_refuses_to_overwrite_checkpoints(straight_run):
     cfg, _ = straight_run
     with pytest.raises(PosttrainError, match="--resume"):
         train(cfg, progress=False)
+
+
+def test_stop_at_accuracy_ends_the_run_at_the_first_eval_that_reaches_it(tmp_path, warm_model_dir):
+    """eval.stop_at_accuracy: the run checkpoints and ends at the first periodic eval at or above the target (here
+    any solved held-out problem), not at train.steps; summary.json says where."""
+    cfg = _cfg(tmp_path, warm_model_dir, "stop-at", "train.steps=4", "eval.every=1", "eval.stop_at_accuracy=0.001",
+               "rollout.num_workers=1")
+    summary = train(cfg, progress=False)
+    evals = [m for m in read_metrics(cfg.run_dir) if "eval/heldout_accuracy" in m and m["step"] > 0]
+    first = next(m["step"] for m in evals if m["eval/heldout_accuracy"] >= 0.001)  # the warm model solves some
+    assert first < 4, evals
+    assert summary["steps"] == first and evals[-1]["step"] == first, (summary["steps"], evals)
+    assert summary["stopped_at_accuracy"]["step"] == first and summary["stopped_at_accuracy"]["target"] == 0.001
+    assert int(ckpt.list_checkpoints(cfg.run_dir / "checkpoints")[-1].name[len(ckpt.PREFIX):]) == first, "no final checkpoint"
+    assert json.loads((cfg.run_dir / "summary.json").read_text())["stopped_at_accuracy"]["step"] == first

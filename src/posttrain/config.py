@@ -319,6 +319,12 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(50, ge=0, description="Held-out evaluation every k steps (0 = only before and after).")
     max_new_tokens: int = Field(8, gt=0, description="Longest greedy completion in held-out evaluation.")
+    stop_at_accuracy: float | None = Field(
+        None, gt=0, le=1, description="End the run early at the first periodic held-out eval (eval.every) whose "
+        "accuracy is at or above this: it checkpoints and finishes as at train.steps, and summary.json's "
+        "stopped_at_accuracy names the step. The step-0 eval does not stop it; `--resume` trains on to train.steps. "
+        "None = run train.steps.",
+    )
     suites: list[str] = Field(
         default_factory=list,
         description="In-loop eval: suites (files or built-in names, as `posttrain eval --suite`) run on every saved "
@@ -329,6 +335,13 @@ class EvalConfig(_Section):
     gate_margin: float = Field(0.0, ge=0, description="In-loop gate: tolerated drop of a suite's mean score.")
     gate_alpha: float = Field(0.05, gt=0, lt=1, description="In-loop gate: significance level after Holm correction.")
     evaluator_cpus: float = Field(0.5, gt=0, description="Logical CPUs reserved for the evaluator actor.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalConfig":
+        if self.stop_at_accuracy is not None and self.every == 0:
+            raise ValueError(f"eval.stop_at_accuracy={self.stop_at_accuracy} needs periodic held-out evals: set "
+                             "eval.every to how often (in steps) to check it")
+        return self
 
 
 class AlarmRule(_Section):

@@ -183,6 +183,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         notifier.emit("run_finished", steps=summary["steps"], heldout_before=summary["heldout_accuracy_before"],
                       heldout_after=summary["heldout_accuracy_after"], wall_s=round(summary["train_wall_seconds"], 1),
                       final_checkpoint=summary["final_checkpoint"], stopped_by_alarm=summary.get("stopped_by_alarm"),
+                      stopped_at_accuracy=summary.get("stopped_at_accuracy"),
                       best_checkpoint=summary.get("best_checkpoint"))
         return summary
     except Preempted as e:
@@ -272,7 +273,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
 
         ahead = OneStepOffRollout(cfg, sampler, encoder)
     alarms = LoopAlarms(cfg, tokenizer, notify)  # reward-hacking alarms (alarms.rules), fed every step
-    in_loop = stopped_by = None
+    in_loop = stopped_by = reached = None
 
     started_ray = not ray.is_initialized()
     start_ray(cfg.ray, needed_cpus(cfg))
@@ -330,6 +331,10 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
                 record.update(got)
                 record["time/eval"] = time.perf_counter() - t
                 state.eval_history.append({"step": state.step, "heldout_accuracy": acc})
+                if cfg.eval.stop_at_accuracy is not None and acc >= cfg.eval.stop_at_accuracy:
+                    reached = {"step": state.step, "accuracy": acc, "target": cfg.eval.stop_at_accuracy}
+                    bar.log(f"held-out accuracy {acc:.3f} at step {state.step} reached eval.stop_at_accuracy="
+                            f"{cfg.eval.stop_at_accuracy}: the run ends here")
             record.update(alarms.observe(record, [s[1] for s in samples["samples"]], [s[2] for s in samples["samples"]]))
             writer.write(record)
             reward_budget.check(record, samples)
@@ -339,7 +344,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
                 last_ckpt_step = state.step
             stopped_by = after_step_evals_and_alarms(cfg, roles, state.step, last_ckpt_step, in_loop, alarms, writer,
                                                      bar.log)
-            if stopped_by:
+            if stopped_by or reached:
                 break
             if sigterm.requested and state.step < cfg.train.steps:
                 raise preempt(cfg, roles, state, sigterm, last_ckpt_step)
@@ -383,7 +388,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
     summary["curves"] = str(plot_run(run_dir))
     if state.reward_functions:
         summary["reward_functions"] = state.reward_functions
-    summary.update(alarms.summary(), stopped_by_alarm=stopped_by,
+    summary.update(alarms.summary(), stopped_by_alarm=stopped_by, stopped_at_accuracy=reached,
                    best_checkpoint=str(in_loop.best_checkpoint()) if in_loop and in_loop.best_checkpoint() else None)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
