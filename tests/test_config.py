@@ -87,3 +87,19 @@ def test_readme_config_reference_is_current():
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert config_reference_markdown() in readme, "regenerate with: posttrain config reference"
+
+
+def test_engine_threads_follow_whether_generation_runs_alone():
+    """rollout.engine_threads unset: the trainer's thread count when nothing runs beside generation (synchronous,
+    one fixed worker), else 1; set, it wins."""
+    from posttrain.rollout.worker import engine_threads, rollout_worker_env
+
+    def threads(*overrides):
+        return engine_threads(load_config(None, list(overrides)))
+
+    assert threads() == 2 and threads("topology.torch_threads=3") == 3
+    assert threads("rollout.num_workers=2") == 1
+    assert threads("rollout.async_one_step_off=true") == 1
+    assert threads("rollout.num_workers=1..3") == 1
+    assert threads("rollout.num_workers=2", "rollout.engine_threads=4") == 4
+    assert rollout_worker_env(1, 2)["OMP_NUM_THREADS"] == "2" and "OMP_NUM_THREADS" not in rollout_worker_env(1)

@@ -193,6 +193,12 @@ class RolloutConfig(_Section):
         False, description="Generate step t+1's rollout while step t trains (staleness 1: the policy ratio is taken "
         "against the engine's logprobs of the behaviour policy); needs temperature 1 and top_p 1.",
     )
+    engine_threads: int | None = Field(
+        None, ge=1, description="CPU threads of each rollout engine (OMP_NUM_THREADS of its actor). None = "
+        "topology.torch_threads when generation runs alone (synchronous rollout, one fixed worker: the trainer "
+        "waits meanwhile), else 1 (engines beside each other or beside training would oversubscribe the cores). "
+        "GPU engines use few.",
+    )
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     # Multi-turn episodes (docs/multi-turn.md): on when an environment or tools are set.
     environment: str | None = Field(

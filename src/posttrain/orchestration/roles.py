@@ -59,7 +59,7 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
     from posttrain.orchestration.recovery import REDO_ATTEMPTS
     from posttrain.rewards.verifier import RewardWorker
     from posttrain.rollout.lora_serving import lora_engine_options
-    from posttrain.rollout.worker import RolloutWorker, rollout_worker_env
+    from posttrain.rollout.worker import RolloutWorker, engine_threads, rollout_worker_env
     from posttrain.training.reference import ReferenceModel
     from posttrain.training.trainer import Trainer
 
@@ -104,9 +104,12 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
         enforce_eager=v.enforce_eager,
         **lora_engine_options(cfg),  # model.lora.sync=adapter: the engines serve the adapter
     )
+    engine_omp = engine_threads(cfg)
+
     def rollout_worker(**options):
         return (ray.remote(RolloutWorker)
-                .options(runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)}, max_task_retries=0, **options)
+                .options(runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb, engine_omp)}, max_task_retries=0,
+                         **options)
                 .remote(cfg.rollout.engine, model_dir, engine_kwargs))
 
     # restarted by Ray when its process dies; the driver redoes its share (orchestration/recovery.py)
