@@ -25,6 +25,7 @@ bench: install
 	$(BIN)/python benchmarks/perf.py
 	$(BIN)/python benchmarks/packing.py
 	$(BIN)/python benchmarks/time_to_accuracy.py
+	$(BIN)/python benchmarks/step_ratios.py
 
 readme: install
 	$(BIN)/python scripts/sync_readme.py

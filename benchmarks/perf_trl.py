@@ -178,8 +178,7 @@ def main(spec_path: str, out_path: str) -> int:
                                  target_modules=p["target_modules"], task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=spec["model"], reward_funcs=reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[timer], peft_config=peft_config)
-    if ev:
-        timer.phases = time_phases(trainer)
+    timer.phases = time_phases(trainer)  # the step's split (generate, reward, reference, train), with or without eval
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0

@@ -288,7 +288,7 @@ def levers(rows: dict) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global THREADS  # --threads: the one setting the functions above read from the module
+    global THREADS, SEED  # --threads, --seed: the settings the functions above read from the module
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(ROWS), help=f"rows to run, of {', '.join(ROWS)}")
     ap.add_argument("--step-cap", type=int, default=160, help="most steps per run")
@@ -298,8 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=THREADS, help="torch threads: posttrain's trainer/reference, TRL's")
     ap.add_argument("--note", default="", help="a line for the JSON (e.g. what else ran on the machine)")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--seed", type=int, default=SEED, help="seeds the task split, batch order and sampling (both sides)")
+    ap.add_argument("--lr-full", type=float, default=LR["full"], help="learning rate of the full rows (both sides)")
+    ap.add_argument("--lr-lora", type=float, default=LR["lora"], help="learning rate of the LoRA rows (both sides)")
+    ap.add_argument("--combine", nargs="+", metavar="JSON", help="write --out from per-seed result files, run nothing")
     args = ap.parse_args(argv)
-    THREADS = args.threads
+    if args.combine:
+        return combine_seeds([Path(p) for p in args.combine], Path(args.out))
+    THREADS, SEED = args.threads, args.seed
+    LR.update(full=args.lr_full, lora=args.lr_lora)
     wanted = [r for r in args.rows.split(",") if r]
     if unknown := [r for r in wanted if r not in ROWS]:
         raise SystemExit(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
@@ -364,8 +371,7 @@ def write_results(args, rows: dict, context: dict, load: LoadSampler) -> dict:
                     "loadavg_1_5_15_min_at_start": context["load_start"],
                     "loadavg_1_5_15_min_at_end": open("/proc/loadavg").read().split()[:3],
                     "load_during": load.summary(),
-                    "contended": "shared machine: other engineers' jobs ran at the same time; rerun on a quiet "
-                                 "machine before quoting (see load_during)"},
+                    "contended": contention(load.summary())},
         "model": context["model"], "task": f"addition (built-in), {HELDOUT} held-out problems, seed {SEED}",
         "settings": {
             "both": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL,
@@ -393,6 +399,56 @@ def write_results(args, rows: dict, context: dict, load: LoadSampler) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def contention(load: dict) -> str:
+    """What the 1-minute load average during the runs says: about 2 on these 2 cores is the benchmark alone."""
+    mean = load.get("loadavg_1min_mean") if load else None
+    if mean is None:
+        return "unknown"
+    if mean > 3.0:
+        return (f"contended: load {mean:.1f} on 2 cores, other jobs ran at the same time; rerun on a quiet machine "
+                "before quoting")
+    return f"quiet: load {mean:.1f} on 2 cores (the benchmark alone)"
+
+
+def combine_seeds(paths: list[Path], out: Path) -> int:
+    """One JSON from per-seed result files: each row's seconds and steps to target per seed and their median,
+    posttrain's ratio to TRL per seed (full, LoRA) and the median ratio over the seeds where both reached it."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    seeds = [r["settings"]["both"]["seed"] for r in runs]
+    rows = {}
+    for name in dict.fromkeys(n for r in runs for n in r["rows"]):
+        per = {s: r["rows"][name] for s, r in zip(seeds, runs) if name in r["rows"]}
+        rows[name] = {
+            "seconds_to_target": {s: x["seconds_to_target"] for s, x in per.items()},
+            "steps_to_target": {s: x["steps_to_target"] for s, x in per.items()},
+            "steps_run": {s: x["steps_run"] for s, x in per.items()},
+            "median_step_s": {s: x["median_step_s"] for s, x in per.items()},
+            "median_split_s_to_target": {s: x["median_split_s_to_target"] for s, x in per.items()},
+            "start_accuracy": {s: x["start_accuracy"] for s, x in per.items()},
+            "reached_in": f"{sum(x['reached'] for x in per.values())} of {len(per)} seeds",
+            "median_seconds_to_target_where_reached": median(x["seconds_to_target"] for x in per.values()
+                                                             if x["reached"]),
+        }
+    ratio = {}
+    for a, b in (("posttrain_full", "trl_full"), ("posttrain_lora", "trl_lora")):
+        if a in rows and b in rows:
+            both = {s: rows[a]["seconds_to_target"][s] / rows[b]["seconds_to_target"][s] for s in seeds
+                    if rows[a]["seconds_to_target"].get(s) and rows[b]["seconds_to_target"].get(s)}
+            ratio[f"{a} / {b}"] = {"per_seed": {s: round(v, 3) for s, v in both.items()},
+                                  "median": round(median(both.values()), 3) if both else None,
+                                  "seeds_where_both_reached": len(both)}
+    combined = {"what": runs[0]["what"] + "; several seeds (each seeds the task split, batch order and sampling on "
+                "both sides)", "seeds": seeds, "machine": runs[0]["machine"], "settings": runs[0]["settings"],
+                "model": runs[0]["model"], "rows": rows, "ratio_seconds_to_target": ratio, "target": "<= 0.25",
+                "load_per_seed": {s: r["machine"]["load_during"] for s, r in zip(seeds, runs)},
+                "per_seed_files": {s: r for s, r in zip(seeds, runs)}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(combined, indent=1) + "\n")
+    print(json.dumps({"rows": {n: {k: v for k, v in r.items() if k != "median_split_s_to_target"}
+                               for n, r in rows.items()}, "ratio": ratio}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
