@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -163,7 +164,7 @@ def main(argv=None) -> int:
                     t = time.time()
                     res = (run_posttrain(name, model, kind, total, args.warmup) if side == "posttrain"
                            else run_trl(py, name, model, kind, total, args.warmup))
-                    res["wall_s"], res["load_1m_after"] = time.time() - t, __import__("os").getloadavg()[0]
+                    res["wall_s"], res["load_1m_after"] = time.time() - t, os.getloadavg()[0]
                     row[side].append(res)
                     log(f"  median step {summary(res)['median_step_s']:.3f} s")
             ratios = [summary(p)["median_step_s"] / summary(t)["median_step_s"]
