@@ -3,7 +3,8 @@
 - the share bookkeeping, by hand: which prompts a departed worker leaves behind, and how their redone results
   slot back in prompt order;
 - a real run on embedded Ray (hf engine, MIN 1, MAX 2, room for both): the extra worker joins at a step boundary,
-  is SIGKILLed inside generate, the step completes on the worker left, the fleet shrinks (fleet/left, a
+  is SIGKILLed inside generate (a weight-0 reward function slows the steps until the extra has started, so the
+  join never depends on how fast the machine is), the step completes on the worker left, the fleet shrinks (fleet/left, a
   worker_lost record) and may grow again; every sample id of every step exactly once, and the same prompts and
   samples as a run with the fleet fixed at one worker."""
 
@@ -30,7 +31,7 @@ from posttrain.tracking import read_metrics
 from posttrain.tracking.interruptions import read_interruptions
 from test_reliability_workers import _rollout_processes, _safe_metrics  # this test's Ray rollout processes
 
-STEPS, PROMPTS, GROUP = 24, 8, 8  # the extra engine starts in 4-14 s here: it joined before step 6 to 9
+STEPS, PROMPTS, GROUP = 24, 8, 8  # the extra joins before step ~5-15 (ExtraKiller holds the steps until it started)
 
 
 def test_a_departed_workers_prompts_are_redone_in_prompt_order():
@@ -46,16 +47,31 @@ def test_a_departed_workers_prompts_are_redone_in_prompt_order():
     assert left_prompts(chunks, [["a", "b", "c"], ["d", "e"], ["f", "g"]]) == []
 
 
-class ExtraKiller(threading.Thread):
-    """Once a step ran on two workers, SIGKILLs the newest rollout worker process (the extra) inside generate()."""
+PACE = """import os, time
 
-    def __init__(self, run_dir):
+def pace(completions, **kwargs):  # weight 0: logged only; it slows a step while the test holds the run
+    if os.path.exists({hold!r}):
+        time.sleep(1.0)
+    return [0.0] * len(completions)
+"""
+
+
+class ExtraKiller(threading.Thread):
+    """Holds the run's steps slow (a weight-0 reward function sleeps 1 s while `hold` exists) until the extra rollout
+    worker has finished starting, so it joins with steps to spare however long its start takes on a loaded machine
+    (4-14 s, while a step takes ~0.3 s); then, once a step ran on two workers, SIGKILLs the extra inside generate()."""
+
+    def __init__(self, run_dir, hold):
         super().__init__(daemon=True)
-        self.run_dir = run_dir
+        self.run_dir, self.hold = run_dir, hold
         self.killed: int | None = None
         self.stop = threading.Event()
 
     def run(self) -> None:
+        try:
+            self._wait_for_the_extra_to_start()
+        finally:
+            self.hold.unlink(missing_ok=True)
         while not self.stop.is_set():
             if any(m.get("fleet/workers") == 2 for m in _safe_metrics(self.run_dir)):
                 break
@@ -74,9 +90,22 @@ class ExtraKiller(threading.Thread):
                 return
             time.sleep(0.0005)
 
+    def _wait_for_the_extra_to_start(self) -> None:
+        """Until a second rollout worker process is past its constructor (its title is ray::RolloutWorker...)."""
+        while not self.stop.is_set():
+            procs = _rollout_processes()
+            try:
+                if len(procs) == 2 and "__init__" not in " ".join(max(procs, key=lambda p: p.create_time()).cmdline()):
+                    return
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+
 
 def _config(tmp_path, name: str, *extra: str):
-    return load_config(None, [
+    rewards = tmp_path / "pace.py"
+    rewards.write_text(PACE.format(hold=str(tmp_path / "hold")))
+    return load_config(None, [f"reward.functions=[{{name: pace, fn: '{rewards}:pace', weight: 0}}]",
         f"name={name}", f"runs_dir={tmp_path}", f"model.path={extra[0]}", "rollout.engine=hf",
         f"algorithm.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}", "algorithm.kl_coef=0",
         "task.heldout_size=16", "eval.every=0", "checkpoint.every=0", f"train.steps={STEPS}", "logging.progress=false",
@@ -91,7 +120,9 @@ def _samples(run_dir) -> list[dict]:
 @pytest.mark.integration
 def test_an_extra_worker_joins_and_leaves_without_losing_a_sample(tmp_path, warm_model_dir, capsys, train_beside):
     cfg = _config(tmp_path, "elastic", warm_model_dir, "rollout.num_workers=1..2", "ray.num_cpus=4")
-    killer = ExtraKiller(cfg.run_dir)
+    hold = tmp_path / "hold"
+    hold.touch()
+    killer = ExtraKiller(cfg.run_dir, hold)
     summary, elastic_s = train_beside(cfg, killer)
     err = capsys.readouterr().err
     assert summary["steps"] == STEPS
