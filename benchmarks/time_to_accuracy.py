@@ -4,7 +4,7 @@ posttrain LoRA, TRL's GRPOTrainer full and TRL LoRA (`peft_config`), with the sa
 size, completion length, KL coefficient, learning rate (per kind: full or LoRA), seed and held-out set; then a
 lever ablation: posttrain with one lever flipped per row. Writes benchmarks/results/time_to_accuracy.json.
 
-    .venv/bin/python benchmarks/time_to_accuracy.py                  # all rows (~25 min on 2 contended cores)
+    .venv/bin/python benchmarks/time_to_accuracy.py                  # all rows (~25 min on 2 quiet cores)
     .venv/bin/python benchmarks/time_to_accuracy.py --rows posttrain_full,trl_full --step-cap 8   # a quick look
     nice -n 5 .venv/bin/python benchmarks/time_to_accuracy.py --note "contended: 3 other engineers"
 
@@ -15,11 +15,12 @@ start-up (Ray, the vLLM engine, model loading). The held-out eval is the same on
 exact match of the stripped completion, on the same 500 problems; posttrain's runs on its vLLM engines, TRL's with
 transformers `generate` (their step-0 accuracies are in the JSON: they should agree).
 
-posttrain has no stop-at-accuracy setting, so its runs go to --step-cap and the time to target is read from the
-curve; TRL's stop at the target (its callback). With one-step-off rollout, posttrain's held-out eval waits for the
-rollout in flight (rollout/one_step_off.py), so that rollout's time would hide in the excluded eval time: those rows
-add back each eval's excess over the synchronous runs' median eval time (`eval_wait_added_s`); their evals also see
-the engines' weights, one update behind the trainer's.
+posttrain's runs go to --step-cap (its eval.stop_at_accuracy takes an absolute accuracy, the target here is the
+start + 10 points) and the time to target is read from the curve; TRL's stop at the target (its callback). With
+one-step-off rollout, posttrain's held-out eval waits for the rollout in flight (rollout/one_step_off.py), so that
+rollout's time would hide in the excluded eval time: those rows add back each eval's excess over the synchronous
+runs' median eval time (`eval_wait_added_s`); their evals also see the engines' weights, one update behind the
+trainer's.
 
 TRL runs in its own venv (perf.py's `ensure_trl_venv`, plus peft at this venv's version for `peft_config`).
 """
@@ -61,6 +62,12 @@ ABLATION = {
     "posttrain_full_no_group_skip": ("posttrain", "full", ["algorithm.skip_zero_variance_groups=false"]),
     "posttrain_full_no_packing": ("posttrain", "full", ["train.packing=false"]),
     "posttrain_lora_one_step_off": ("posttrain", "lora", ["rollout.async_one_step_off=true"]),
+    "posttrain_full_dynamic_sampling": ("posttrain", "full", ["algorithm.dynamic_sampling_rounds=2"]),
+    # one-step-off with the 2 cores split: the engine's thread beside one trainer/reference thread
+    "posttrain_full_one_step_off_split": ("posttrain", "full", ["rollout.async_one_step_off=true",
+                                                                "topology.torch_threads=1"]),
+    "posttrain_lora_one_step_off_split": ("posttrain", "lora", ["rollout.async_one_step_off=true",
+                                                                "topology.torch_threads=1"]),
 }
 ROWS = {**MAIN, **ABLATION}
 LEVERS = {  # row -> (lever, the row it is compared with, whether the row has the lever on)
@@ -69,6 +76,11 @@ LEVERS = {  # row -> (lever, the row it is compared with, whether the row has th
     "posttrain_full_hf_generate": ("vLLM rollout instead of transformers generate", "posttrain_full", False),
     "posttrain_full_one_step_off": ("one-step-off overlap (full)", "posttrain_full", True),
     "posttrain_lora_one_step_off": ("one-step-off overlap (LoRA)", "posttrain_lora", True),
+    "posttrain_full_dynamic_sampling": ("dynamic sampling (2 refill rounds)", "posttrain_full", True),
+    "posttrain_full_one_step_off_split": ("one-step-off, 1 trainer thread beside the engine's (full)",
+                                          "posttrain_full", True),
+    "posttrain_lora_one_step_off_split": ("one-step-off, 1 trainer thread beside the engine's (LoRA)",
+                                          "posttrain_lora", True),
     "posttrain_lora": ("LoRA (cheaper backward, shared reference) instead of full", "posttrain_full", True),
 }
 
@@ -413,13 +425,24 @@ def contention(load: dict) -> str:
 
 
 def combine_seeds(paths: list[Path], out: Path) -> int:
-    """One JSON from per-seed result files: each row's seconds and steps to target per seed and their median,
-    posttrain's ratio to TRL per seed (full, LoRA) and the median ratio over the seeds where both reached it."""
+    """One JSON from per-seed result files (several files may hold one seed's rows: the main rows and the lever
+    rows, say): each row's seconds and steps to target per seed and their median, posttrain's ratio to TRL per
+    seed (full, LoRA) with the median over the seeds where both reached it, and each lever per seed."""
     runs = [json.loads(p.read_text()) for p in paths]
-    seeds = [r["settings"]["both"]["seed"] for r in runs]
+    seeds = list(dict.fromkeys(r["settings"]["both"]["seed"] for r in runs))
+    pure = {s: median(r["pure_eval_seconds_median"] for r in runs
+                      if r["settings"]["both"]["seed"] == s and r.get("pure_eval_seconds_median")) for s in seeds}
+    for r in runs:  # a file of one-step-off rows alone: their eval wait is added back with the seed's sync evals
+        if r.get("pure_eval_seconds_median") is None and pure[r["settings"]["both"]["seed"]] is not None:
+            for name, x in r["rows"].items():
+                if "one_step_off" in name:
+                    add_eval_wait(x, pure[r["settings"]["both"]["seed"]])
+    found: dict = {}  # row -> seed -> that row's result
+    for r in runs:
+        for name, x in r["rows"].items():
+            found.setdefault(name, {})[r["settings"]["both"]["seed"]] = x
     rows = {}
-    for name in dict.fromkeys(n for r in runs for n in r["rows"]):
-        per = {s: r["rows"][name] for s, r in zip(seeds, runs) if name in r["rows"]}
+    for name, per in found.items():
         rows[name] = {
             "seconds_to_target": {s: x["seconds_to_target"] for s, x in per.items()},
             "steps_to_target": {s: x["steps_to_target"] for s, x in per.items()},
@@ -432,7 +455,8 @@ def combine_seeds(paths: list[Path], out: Path) -> int:
                                                              if x["reached"]),
         }
     ratio = {}
-    for a, b in (("posttrain_full", "trl_full"), ("posttrain_lora", "trl_lora")):
+    pairs = [(a, "trl_" + ROWS[a][1]) for a in rows if a in ROWS and ROWS[a][0] == "posttrain"]  # each against TRL
+    for a, b in pairs:
         if a in rows and b in rows:
             both = {s: rows[a]["seconds_to_target"][s] / rows[b]["seconds_to_target"][s] for s in seeds
                     if rows[a]["seconds_to_target"].get(s) and rows[b]["seconds_to_target"].get(s)}
@@ -442,13 +466,49 @@ def combine_seeds(paths: list[Path], out: Path) -> int:
     combined = {"what": runs[0]["what"] + "; several seeds (each seeds the task split, batch order and sampling on "
                 "both sides)", "seeds": seeds, "machine": runs[0]["machine"], "settings": runs[0]["settings"],
                 "model": runs[0]["model"], "rows": rows, "ratio_seconds_to_target": ratio, "target": "<= 0.25",
-                "load_per_seed": {s: r["machine"]["load_during"] for s, r in zip(seeds, runs)},
-                "per_seed_files": {s: r for s, r in zip(seeds, runs)}}
+                "levers": levers_over_seeds(found, seeds),
+                "load_per_file": [{"seed": r["settings"]["both"]["seed"], "rows": list(r["rows"]),
+                                   **r["machine"]["load_during"]} for r in runs],
+                "per_seed_files": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(combined, indent=1) + "\n")
     print(json.dumps({"rows": {n: {k: v for k, v in r.items() if k != "median_split_s_to_target"}
                                for n, r in rows.items()}, "ratio": ratio}, indent=1))
     return 0
+
+
+def add_eval_wait(row: dict, pure_eval_s: float) -> None:
+    """A one-step-off row summarized without a synchronous run beside it: add back each eval's excess over
+    `pure_eval_s` (the same seed's synchronous eval time) to its seconds to target, as summarize() does."""
+    upto = row["steps_to_target"] or row["steps_run"]
+    added = sum(max(0.0, (c["eval_seconds"] or 0.0) - pure_eval_s) for c in row["curve"] if 0 < c["step"] < upto)
+    if row["reached"]:
+        row["seconds_to_target"] += added
+    row["seconds_run"] += added
+    row["eval_wait_added_s"] = round(added, 3)
+
+
+def levers_over_seeds(found: dict, seeds: list) -> list[dict]:
+    """Each lever of LEVERS whose rows ran: per seed, the speed-up to target (None where either side missed it) and
+    per step, with the medians over seeds."""
+    out = []
+    for row, (lever, base, on) in LEVERS.items():
+        per = {}
+        for s in seeds:
+            a, b = found.get(row, {}).get(s), found.get(base, {}).get(s)
+            if not a or not b:
+                continue
+            w, wo = (a, b) if on else (b, a)
+            per[s] = {"speedup_to_target": round(wo["seconds_to_target"] / w["seconds_to_target"], 3)
+                      if w["reached"] and wo["reached"] else None,
+                      "speedup_per_step": round(wo["median_step_s"] / w["median_step_s"], 3),
+                      "steps_to_target_with": w["steps_to_target"], "steps_to_target_without": wo["steps_to_target"]}
+        if per:
+            to_target = [v["speedup_to_target"] for v in per.values() if v["speedup_to_target"] is not None]
+            out.append({"lever": lever, "row": row, "compared_with": base, "per_seed": per,
+                        "median_speedup_to_target": median(to_target) if to_target else None,
+                        "median_speedup_per_step": median(v["speedup_per_step"] for v in per.values())})
+    return out
 
 
 if __name__ == "__main__":
