@@ -4,8 +4,8 @@
   slot back in prompt order;
 - a real run on embedded Ray (hf engine, MIN 1, MAX 2, room for both): the extra worker joins at a step boundary,
   is SIGKILLed inside generate (a weight-0 reward function slows the steps until the extra has started, so the
-  join never depends on how fast the machine is), the step completes on the worker left, the fleet shrinks (fleet/left, a
-  worker_lost record) and may grow again; every sample id of every step exactly once, and the same prompts and
+  join never depends on how fast the machine is), the step completes on the worker left, the fleet shrinks
+  (fleet/left, a worker_lost record) and may grow again; every sample id of every step exactly once, and the same prompts and
   samples as a run with the fleet fixed at one worker."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from posttrain.rollout.sampler import PromptSampler
 from posttrain.tasks import load_task
 from posttrain.tracking import read_metrics
 from posttrain.tracking.interruptions import read_interruptions
+from pace_reward import install as install_pace  # a weight-0 reward function that slows the steps while held
 from test_reliability_workers import _rollout_processes, _safe_metrics  # this test's Ray rollout processes
 
 STEPS, PROMPTS, GROUP = 24, 8, 8  # the extra joins before step ~5-15 (ExtraKiller holds the steps until it started)
@@ -45,15 +46,6 @@ def test_a_departed_workers_prompts_are_redone_in_prompt_order():
     assert left_prompts(chunks, parts) == [0, 1, 2, 5, 6]
     assert fill_left(chunks, parts, ["a", "b", "c", "f", "g"]) == [["a", "b", "c"], ["d", "e"], ["f", "g"]]
     assert left_prompts(chunks, [["a", "b", "c"], ["d", "e"], ["f", "g"]]) == []
-
-
-PACE = """import os, time
-
-def pace(completions, **kwargs):  # weight 0: logged only; it slows a step while the test holds the run
-    if os.path.exists({hold!r}):
-        time.sleep(1.0)
-    return [0.0] * len(completions)
-"""
 
 
 class ExtraKiller(threading.Thread):
@@ -103,9 +95,8 @@ class ExtraKiller(threading.Thread):
 
 
 def _config(tmp_path, name: str, *extra: str):
-    rewards = tmp_path / "pace.py"
-    rewards.write_text(PACE.format(hold=str(tmp_path / "hold")))
-    return load_config(None, [f"reward.functions=[{{name: pace, fn: '{rewards}:pace', weight: 0}}]",
+    pace, _ = install_pace(tmp_path / "pace")
+    return load_config(None, [pace,
         f"name={name}", f"runs_dir={tmp_path}", f"model.path={extra[0]}", "rollout.engine=hf",
         f"algorithm.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}", "algorithm.kl_coef=0",
         "task.heldout_size=16", "eval.every=0", "checkpoint.every=0", f"train.steps={STEPS}", "logging.progress=false",
@@ -120,7 +111,7 @@ def _samples(run_dir) -> list[dict]:
 @pytest.mark.integration
 def test_an_extra_worker_joins_and_leaves_without_losing_a_sample(tmp_path, warm_model_dir, capsys, train_beside):
     cfg = _config(tmp_path, "elastic", warm_model_dir, "rollout.num_workers=1..2", "ray.num_cpus=4")
-    hold = tmp_path / "hold"
+    _, hold = install_pace(tmp_path / "pace")
     hold.touch()
     killer = ExtraKiller(cfg.run_dir, hold)
     summary, elastic_s = train_beside(cfg, killer)

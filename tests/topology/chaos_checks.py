@@ -14,6 +14,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -25,14 +26,18 @@ import psutil
 from cluster_checks import GCS_PORT, start_head, start_worker_node, stop_cluster
 from nodeloss_checks import FAST_HEALTH, last_step
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the pace reward function
+from pace_reward import install as install_pace  # noqa: E402
+
 STEPS = 60
 
 
 def config(model_dir: str, work: Path, name: str):
     from posttrain.config import load_config
 
+    pace, _ = install_pace(work / "pace")  # holds the steps slow while a new node's engine starts (Injector)
     return load_config(None, [
-        f"model.path={model_dir}", f"runs_dir={work / 'runs'}", f"name={name}", "task.heldout_size=8", "seed=7",
+        pace, f"model.path={model_dir}", f"runs_dir={work / 'runs'}", f"name={name}", "task.heldout_size=8", "seed=7",
         "algorithm.group_size=8", "algorithm.prompts_per_step=16", "algorithm.skip_zero_variance_groups=false",
         "algorithm.kl_coef=0.02", "reward.weights={verifier: 1.0, length: 1.0}", "rollout.engine=hf",
         f"train.steps={STEPS}", "eval.every=0", "checkpoint.every=10", "checkpoint.keep_last=10",
@@ -52,9 +57,10 @@ def schedule(seed: int) -> list[tuple[int, str]]:
 
 
 class Injector(threading.Thread):
-    def __init__(self, run_dir: Path, plan: list[tuple[int, str]], nodes: dict, temp: str, faults: Path):
+    def __init__(self, run_dir: Path, plan: list[tuple[int, str]], nodes: dict, temp: str, faults: Path, hold: Path):
         super().__init__(daemon=True)
         self.run_dir, self.plan, self.nodes, self.temp, self.faults = run_dir, plan, nodes, temp, faults
+        self.hold = hold  # the pace reward function's hold file
         self.timeline: list[dict] = []
 
     def run(self) -> None:
@@ -78,9 +84,29 @@ class Injector(threading.Thread):
         return f"{name} SIGKILLed (its raylet and every worker on it)"
 
     def add_node(self) -> str:
+        """A new 1-CPU node. The steps go slow (the pace reward function, 1 s each) until an extra rollout engine on
+        it is past its constructor, so that it joins with steps to spare however long the node and the engine take
+        to start on a loaded machine (~10 s quiet, while a step takes ~0.5 s)."""
         name = f"node{len(self.timeline) + 2}"
-        self.nodes[name] = start_worker_node(self.temp, len(self.timeline) + 2, label=True, cpus=1, gpus=0)
+        self.hold.touch()
+        node = self.nodes[name] = start_worker_node(self.temp, len(self.timeline) + 2, label=True, cpus=1, gpus=0)
+        threading.Thread(target=self._release_when_an_engine_started_on, args=(node, self.hold), daemon=True).start()
         return f"{name} started (1 CPU)"
+
+    @staticmethod
+    def _release_when_an_engine_started_on(node: subprocess.Popen, hold: Path, limit_s: float = 180) -> None:
+        deadline = time.time() + limit_s
+        try:
+            while time.time() < deadline:
+                try:
+                    titles = [" ".join(p.cmdline()) for p in psutil.Process(node.pid).children(recursive=True)]
+                except psutil.Error:
+                    return
+                if any("ray::RolloutWorker" in t and "__init__" not in t for t in titles):
+                    return
+                time.sleep(0.05)
+        finally:
+            hold.unlink(missing_ok=True)
 
     def wedge_engine(self) -> str:
         from posttrain.orchestration.faults import arm
@@ -140,7 +166,7 @@ def main() -> None:
             time.sleep(1)
         result["nodes"] = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         cfg = config(model_dir, work, "chaos")
-        injector = Injector(cfg.run_dir, result["schedule"], nodes, temp, faults)
+        injector = Injector(cfg.run_dir, result["schedule"], nodes, temp, faults, work / "pace" / "hold")
         injector.start()
         t = time.time()
         train(cfg, progress=False)
