@@ -230,9 +230,7 @@ def summarize(res: dict, delta: float, pure_eval_s: float | None = None) -> dict
     start, target = curve[0]["accuracy"], curve[0]["accuracy"] + delta
     hit = next((c for c in curve if c["step"] > 0 and c["accuracy"] >= target - 1e-9), None)
     upto = hit["step"] if hit else len(res["step_seconds"])
-    added = 0.0
-    if pure_eval_s is not None:
-        added = sum(max(0.0, (c["eval_seconds"] or 0.0) - pure_eval_s) for c in curve if 0 < c["step"] < upto)
+    added = eval_wait_s(curve, upto, pure_eval_s) if pure_eval_s is not None else 0.0
     splits = res["step_split_seconds"][:upto] if res.get("step_split_seconds") else []
     out = {
         "start_accuracy": start, "target_accuracy": round(target, 4), "final_accuracy": curve[-1]["accuracy"],
@@ -247,6 +245,12 @@ def summarize(res: dict, delta: float, pure_eval_s: float | None = None) -> dict
     if pure_eval_s is not None:
         out["eval_wait_added_s"] = round(added, 3)
     return out
+
+
+def eval_wait_s(curve: list[dict], upto: int, pure_eval_s: float) -> float:
+    """A one-step-off run's rollout time that waited inside its evals before step `upto`: each eval's excess over
+    `pure_eval_s`, a synchronous run's eval time."""
+    return sum(max(0.0, (c["eval_seconds"] or 0.0) - pure_eval_s) for c in curve if 0 < c["step"] < upto)
 
 
 def ratios(rows: dict) -> dict:
@@ -429,18 +433,19 @@ def combine_seeds(paths: list[Path], out: Path) -> int:
     rows, say): each row's seconds and steps to target per seed and their median, posttrain's ratio to TRL per
     seed (full, LoRA) with the median over the seeds where both reached it, and each lever per seed."""
     runs = [json.loads(p.read_text()) for p in paths]
-    seeds = list(dict.fromkeys(r["settings"]["both"]["seed"] for r in runs))
-    pure = {s: median(r["pure_eval_seconds_median"] for r in runs
-                      if r["settings"]["both"]["seed"] == s and r.get("pure_eval_seconds_median")) for s in seeds}
-    for r in runs:  # a file of one-step-off rows alone: their eval wait is added back with the seed's sync evals
-        if r.get("pure_eval_seconds_median") is None and pure[r["settings"]["both"]["seed"]] is not None:
+    seed_of = [r["settings"]["both"]["seed"] for r in runs]
+    seeds = list(dict.fromkeys(seed_of))
+    pure = {s: median(r["pure_eval_seconds_median"] for r, rs in zip(runs, seed_of)
+                      if rs == s and r.get("pure_eval_seconds_median")) for s in seeds}
+    for r, s in zip(runs, seed_of):  # one-step-off rows alone in a file: eval wait added from the seed's sync evals
+        if r.get("pure_eval_seconds_median") is None and pure[s] is not None:
             for name, x in r["rows"].items():
                 if "one_step_off" in name:
-                    add_eval_wait(x, pure[r["settings"]["both"]["seed"]])
+                    add_eval_wait(x, pure[s])
     found: dict = {}  # row -> seed -> that row's result
-    for r in runs:
+    for r, s in zip(runs, seed_of):
         for name, x in r["rows"].items():
-            found.setdefault(name, {})[r["settings"]["both"]["seed"]] = x
+            found.setdefault(name, {})[s] = x
     rows = {}
     for name, per in found.items():
         rows[name] = {
@@ -457,7 +462,7 @@ def combine_seeds(paths: list[Path], out: Path) -> int:
     ratio = {}
     pairs = [(a, "trl_" + ROWS[a][1]) for a in rows if a in ROWS and ROWS[a][0] == "posttrain"]  # each against TRL
     for a, b in pairs:
-        if a in rows and b in rows:
+        if b in rows:
             both = {s: rows[a]["seconds_to_target"][s] / rows[b]["seconds_to_target"][s] for s in seeds
                     if rows[a]["seconds_to_target"].get(s) and rows[b]["seconds_to_target"].get(s)}
             ratio[f"{a} / {b}"] = {"per_seed": {s: round(v, 3) for s, v in both.items()},
@@ -467,8 +472,8 @@ def combine_seeds(paths: list[Path], out: Path) -> int:
                 "both sides)", "seeds": seeds, "machine": runs[0]["machine"], "settings": runs[0]["settings"],
                 "model": runs[0]["model"], "rows": rows, "ratio_seconds_to_target": ratio, "target": "<= 0.25",
                 "levers": levers_over_seeds(found, seeds),
-                "load_per_file": [{"seed": r["settings"]["both"]["seed"], "rows": list(r["rows"]),
-                                   **r["machine"]["load_during"]} for r in runs],
+                "load_per_file": [{"seed": s, "rows": list(r["rows"]), **r["machine"]["load_during"]}
+                                  for r, s in zip(runs, seed_of)],
                 "per_seed_files": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(combined, indent=1) + "\n")
@@ -480,8 +485,7 @@ def combine_seeds(paths: list[Path], out: Path) -> int:
 def add_eval_wait(row: dict, pure_eval_s: float) -> None:
     """A one-step-off row summarized without a synchronous run beside it: add back each eval's excess over
     `pure_eval_s` (the same seed's synchronous eval time) to its seconds to target, as summarize() does."""
-    upto = row["steps_to_target"] or row["steps_run"]
-    added = sum(max(0.0, (c["eval_seconds"] or 0.0) - pure_eval_s) for c in row["curve"] if 0 < c["step"] < upto)
+    added = eval_wait_s(row["curve"], row["steps_to_target"] or row["steps_run"], pure_eval_s)
     if row["reached"]:
         row["seconds_to_target"] += added
     row["seconds_run"] += added
