@@ -179,8 +179,8 @@ def test_dataset_columns_reach_reward_functions_by_name(tmp_path):
 
 
 RUN_REWARDS = '''
-def matches_target(prompt, completion, target):
-    return 1.0 if completion.strip() == target else 0.0
+def matches_target(prompt, completion, target):  # a chat prompt's completion is [{"role": "assistant", ...}]
+    return 1.0 if completion[0]["content"].strip() == target else 0.0
 
 def seen(prompts, completions, note, **kwargs):
     assert all(n == "x" + p[0]["content"] for n, p in zip(note, prompts)), (note, prompts)

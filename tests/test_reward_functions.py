@@ -107,6 +107,51 @@ def test_each_form_gives_the_numbers_worked_out_by_hand(module):
     assert got["ids_seen"] == ([3.0, 2.0, 5.0], [None] * 3)              # len(ids) + sample index 0, 0, 1
 
 
+# Written as TRL's documentation writes reward functions for conversational data: each completion is a list of
+# messages and the text is completion[0]["content"]; prompts are lists of messages.
+TRL_CONVERSATIONAL = '''
+import re
+
+def format_reward(completions, **kwargs):
+    contents = [completion[0]["content"] for completion in completions]
+    return [1.0 if re.match(r"^<answer>.*?</answer>$", c) else 0.0 for c in contents]
+
+def asked_about(prompts, completions, **kwargs):
+    return [float(len(p[-1]["content"])) for p in prompts]
+
+def per_sample_chat(prompt, completion, answer):
+    assert completion[0]["role"] == "assistant", completion
+    return 1.0 if answer in completion[0]["content"] else 0.0
+
+def kinds(prompts, completions, **kwargs):
+    return [float(isinstance(p, list)) + 10.0 * isinstance(c, list) for p, c in zip(prompts, completions)]
+'''
+
+
+def test_a_trl_conversational_function_runs_unchanged_and_strings_stay_strings(tmp_path):
+    """Chat prompts: completions reach the function as [{"role": "assistant", "content": text}], as TRL's
+    GRPOTrainer passes them; string prompts keep string completions (both forms, through the real child process)."""
+    (tmp_path / "trl_rewards.py").write_text(TRL_CONVERSATIONAL)
+    chat = [{"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "3+5="}],
+             "completion": "<answer>8</answer>", "answer": "8", "completion_ids": [1], "sample_id": "1/p0/0"},
+            {"prompt": [{"role": "user", "content": "10+10="}],
+             "completion": "the answer is 20", "answer": "21", "completion_ids": [1], "sample_id": "1/p1/0"}]
+    got = _score(tmp_path / "trl_rewards.py", "format_reward", "asked_about", "per_sample_chat", "kinds", rows=chat)
+    assert got["format_reward"] == ([1.0, 0.0], [None, None])      # tagged, untagged
+    assert got["asked_about"] == ([4.0, 6.0], [None, None])        # len("3+5="), len("10+10=")
+    assert got["per_sample_chat"] == ([1.0, 0.0], [None, None])    # "8" in the first, "21" not in the second
+    assert got["kinds"] == ([11.0, 11.0], [None, None])            # list prompt (1) + list completion (10)
+    assert _score(tmp_path / "trl_rewards.py", "kinds")["kinds"] == ([0.0] * 3, [None] * 3)  # ROWS: strings
+
+
+def test_math_answer_reads_a_chat_completion_and_a_string_alike():
+    from posttrain.rewards.math_answer import math_answer
+
+    assert math_answer("1+1=", "so it is 2", "2") == 1.0
+    assert math_answer([{"role": "user", "content": "1+1="}], [{"role": "assistant", "content": "so it is 2"}], "2") == 1.0
+    assert math_answer([{"role": "user", "content": "1+1="}], [{"role": "assistant", "content": "so it is 3"}], "2") == 0.0
+
+
 def test_forms_are_read_from_the_signature(module):
     def form(name):
         f = signature_form(load_callable(f"{module}:{name}", "x")[1], name)

@@ -28,13 +28,14 @@ STEPS, Z_MIN, MAX_NEW = 20, 4.0, 64
 
 REWARDS = '''
 def detail(prompts, completions, **kwargs):
-    """TRL-form batch function: more words score higher, up to 40 words."""
-    return [min(len(c.split()), 40) / 40 for c in completions]
+    """TRL-form batch function for conversational data: more words score higher, up to 40 words."""
+    return [min(len(c[0]["content"].split()), 40) / 40 for c in completions]
 
 
 def names_unit(prompt, completion, unit):
-    """Per-sample, with the dataset's own column: 1 when the completion names the row's unit."""
-    return 1.0 if unit in completion else 0.0
+    """Per-sample, with the dataset's own column: 1 when the completion (a chat prompt's: a list of messages, as
+    TRL passes it) names the row's unit."""
+    return 1.0 if unit in completion[0]["content"] else 0.0
 '''
 
 

@@ -3,10 +3,12 @@
 Two forms, told apart by the parameter names (the first two of the signature, or the keywords it takes):
     batch       fn(prompts, completions, **columns) -> list[float | None]   (TRL's reward_funcs form)
     per-sample  fn(prompt, completion, **columns) -> float | None
-`columns` are the row's other fields: `answer`, `completion_ids` (token ids) and `sample_ids` (batch form; per
-sample: `sample_id`), and every other column of the dataset row (task.name: dataset), as a list per column in the
-batch form and a value per sample. They are passed by keyword, and only those the function takes unless it has
-**kwargs, so `def f(completions, **kwargs)` works as in TRL. `async def` functions are awaited: a per-sample one
+The prompt is the row's string or its list of chat messages; with a chat prompt the completion is a list of
+messages too, `[{"role": "assistant", "content": text}]`, exactly as TRL's GRPOTrainer passes conversational data
+(rewards/chat_form.py), and with a string prompt a string. `columns` are the row's other fields: `answer`,
+`completion_ids` (token ids) and `sample_ids` (batch form; per sample: `sample_id`), and every other column of
+the dataset row (task.name: dataset), as a list per column in the batch form and a value per sample. They are
+passed by keyword, and only those the function takes unless it has **kwargs, so `def f(completions, **kwargs)` works as in TRL. `async def` functions are awaited: a per-sample one
 concurrently over the batch. None means "does not apply": the sample adds nothing from that source and is left out
 of its mean.
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Iterable
 
 from posttrain.errors import PosttrainError
+from posttrain.rewards.chat_form import as_trl_completion
 from posttrain.usercode import load_callable
 
 FAILURE_KINDS = ("import", "exception", "type", "length", "nan", "timeout")
@@ -167,7 +170,8 @@ def _call_rows(fn, form: Form, name: str, step, rows: list[dict], timeout_s: flo
     names = list(dict.fromkeys(k for r in rows for k in r.get("columns") or {}))
     if form.batch:
         args = {**{k: [(r.get("columns") or {}).get(k) for r in rows] for k in names},
-                "prompts": [r["prompt"] for r in rows], "completions": [r["completion"] for r in rows],
+                "prompts": [r["prompt"] for r in rows],
+                "completions": [as_trl_completion(r["prompt"], r["completion"]) for r in rows],
                 "answer": [r["answer"] for r in rows], "completion_ids": [r["completion_ids"] for r in rows],
                 "sample_ids": ids}
         call = functools.partial(fn, **form.keywords(args))
@@ -190,7 +194,8 @@ def _call_rows(fn, form: Form, name: str, step, rows: list[dict], timeout_s: flo
 
     def sample_args(r):
         return form.keywords({**{k: (r.get("columns") or {}).get(k) for k in names},
-                              "prompt": r["prompt"], "completion": r["completion"], "answer": r["answer"],
+                              "prompt": r["prompt"], "completion": as_trl_completion(r["prompt"], r["completion"]),
+                              "answer": r["answer"],
                               "completion_ids": r["completion_ids"], "sample_id": r["sample_id"]})
 
     def raised(e, sid):

@@ -37,9 +37,12 @@ def _parse_gold(answer: str, timeout: int | None) -> tuple:
     return tuple(parse(answer, parsing_timeout=timeout))
 
 
-def math_answer(prompt: str, completion: str, answer) -> float:
-    """1.0 when the completion's final answer equals the row's `answer` (as math), else 0.0 (see the module)."""
+def math_answer(prompt, completion, answer) -> float:
+    """1.0 when the completion's final answer equals the row's `answer` (as math), else 0.0 (see the module). The
+    completion is a string, or a list of messages for a chat prompt (rewards/chat_form.py)."""
     from math_verify import parse, verify
+
+    from posttrain.rewards.chat_form import completion_text
 
     timeout = _timeout()
     if answer is None or not str(answer).strip():
@@ -48,7 +51,7 @@ def math_answer(prompt: str, completion: str, answer) -> float:
     if not gold:
         raise ValueError(f"math_answer: the row's answer {str(answer)!r} is not a number or math expression that "
                          "math-verify can parse; give a number, a fraction or LaTeX (e.g. 7, 1/2, \\frac{1}{2})")
-    predicted = parse(completion, parsing_timeout=timeout)
+    predicted = parse(completion_text(completion), parsing_timeout=timeout)
     if not predicted:
         return 0.0
     return 1.0 if verify(list(gold), predicted, timeout_seconds=timeout) else 0.0
