@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-SETTINGS = ("native", "avx2", "novec", "threads1")
+SETTINGS = ("native", "avx2", "novec", "threads1", "mkl-compat", "mkl-avx2", "mkl-avx512", "mkl-isa-avx2")
 ALGOS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo")
 
 

@@ -14,12 +14,16 @@ from posttrain.models import lora as L
 from posttrain.models.loading import load_causal_lm
 from posttrain.training.batch import completion_logprobs, pack
 from posttrain.training.trainer import Trainer, TrainBatch
+from numerics_bounds import assert_same
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [17, 18]]
 COMPLETIONS = [[20, 21, 22, 23], [24, 25], [26, 27, 28], [29, 30, 31, 32, 33]]
 # tiny "1m" model: hidden 128, MLP 512, 4 layers; a LoRA of rank r on an [out, in] layer has r * (in + out) weights.
 # Per layer: q, k, v, o 4 * r (128 + 128) + gate, up 2 * r (128 + 512) + down r (512 + 128) = 2944 r.
 ADAPTER_WEIGHTS_PER_RANK = 4 * 2944
+# base + adapter (x W^T + s x A^T B^T) and the merged layer (x (W + s B A)^T) sum in other orders: those comparisons
+# run in float64, where they agree to F64_TOL on any CPU (tests/numerics_bounds.py).
+FLOAT64 = ("model.dtype=float64", "rollout.engine=hf")
 
 
 def _cfg(model_dir: str, *extra: str) -> dict:
@@ -83,7 +87,7 @@ def test_a_tied_head_is_refused(tmp_path):
 
 
 def test_merged_weights_are_w_plus_scaled_b_a_and_the_model_is_untouched(tiny_model_dir):
-    model, _ = load_causal_lm(tiny_model_dir)
+    model, _ = load_causal_lm(tiny_model_dir, "float64")
     base = {k: v.clone() for k, v in model.state_dict().items()}
     peft_model = L.apply_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "down_proj"]), tiny_model_dir)
     _random_adapters(peft_model)
@@ -94,18 +98,17 @@ def test_merged_weights_are_w_plus_scaled_b_a_and_the_model_is_untouched(tiny_mo
         layer = modules[name.removesuffix(".weight")]
         a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
         by_hand = base[name] + (8 / 4) * (b @ a)  # W + alpha/r B A
-        assert torch.equal(w, by_hand.detach()), name
+        assert_same(w, by_hand, name)  # one fused addmm against a matmul and an add
         assert float((w - base[name]).abs().max()) > 0.01  # the adapters really change the layer
     # nothing was merged into the model: its base layers still hold the base weights, bit for bit
     for name in merged:
         assert torch.equal(modules[name.removesuffix(".weight")].base_layer.weight, base[name])
     # the whole merged state dict is a plain model that computes what the adapted model computes
-    plain, _ = load_causal_lm(tiny_model_dir)
+    plain, _ = load_causal_lm(tiny_model_dir, "float64")
     plain.load_state_dict(L.merged_state_dict(peft_model))
     ids = torch.tensor([PROMPTS[0] + COMPLETIONS[0]])
     with torch.no_grad():
-        gap = (plain(ids).logits - peft_model.eval()(input_ids=ids).logits).abs().max()
-    assert float(gap) < 1e-5  # float32: (x W^T + x A^T B^T s) vs x (W + s B A)^T, measured ~1e-6
+        assert_same(plain(ids).logits, peft_model.eval()(input_ids=ids).logits, "merged vs base + adapter")
 
 
 # ---------------------------------------------------------------- the trainer
@@ -145,24 +148,24 @@ def test_sync_sends_the_adapted_layers_and_their_packed_siblings_into_the_hf_eng
     from posttrain.rollout.hf_engine import HfEngine
     from posttrain.rollout.weights import export_arrays, payload_as_safetensors, payload_tensors
 
-    trainer = Trainer(_cfg(tiny_model_dir, "model.lora.target_modules=[q_proj, v_proj]"), tiny_model_dir)
+    trainer = Trainer(_cfg(tiny_model_dir, "model.lora.target_modules=[q_proj, v_proj]", *FLOAT64), tiny_model_dir)
     _random_adapters(trainer.lora)
     payload = trainer.export_arrays()
     names = sorted(payload["tensors"])
     # q and v merged; k (unchanged) rides along because vLLM stacks q, k, v into one parameter
     assert names == sorted(f"model.layers.{i}.self_attn.{p}_proj.weight" for i in range(4) for p in "qkv")
     sent = sum(raw.nbytes for _, _, raw in payload["tensors"].values())
-    full = sum(raw.nbytes for _, _, raw in export_arrays(load_causal_lm(tiny_model_dir)[0])["tensors"].values())
-    assert sent == 12 * 128 * 128 * 4 and full > 4 * sent  # bytes: 12 float32 128x128 matrices vs the whole model
+    whole_model = load_causal_lm(tiny_model_dir, "float64")[0]
+    full = sum(raw.nbytes for _, _, raw in export_arrays(whole_model)["tensors"].values())
+    assert sent == 12 * 128 * 128 * 8 and full > 4 * sent  # bytes: 12 float64 128x128 matrices vs the whole model
     assert torch.equal(payload_tensors(payload)["model.layers.0.self_attn.k_proj.weight"],
                        trainer.lora.get_base_model().model.layers[0].self_attn.k_proj.weight.detach())
     want = _policy_logprobs(trainer)
-    engine = HfEngine(tiny_model_dir)
+    engine = HfEngine(tiny_model_dir, dtype="float64")
     for p in (payload, payload_as_safetensors(payload)):  # arrays (the loop) and bytes keep "partial"
         engine.update_weights(p)
         got = [engine.completion_logprobs(pr, c) for pr, c in zip(PROMPTS, COMPLETIONS)]
-        gap = max(abs(g - float(want[i, j])) for i, row in enumerate(got) for j, g in enumerate(row))
-        assert gap < 1e-5, gap
+        assert_same(got, [want[i, : len(c)] for i, c in enumerate(COMPLETIONS)], "engine after sync vs trainer")
 
 
 # ---------------------------------------------------------------- checkpoint
@@ -174,7 +177,7 @@ def test_checkpoint_holds_peft_adapter_and_merged_model_and_loads_exactly(tiny_m
 
     from posttrain.training import checkpoint as ckpt
 
-    cfg = _cfg(tiny_model_dir)
+    cfg = _cfg(tiny_model_dir, *FLOAT64)
     trainer = Trainer(cfg, tiny_model_dir)
     trainer.train_step(_batch())
     tmp = ckpt.begin_checkpoint(tmp_path / "checkpoints", 1)
@@ -187,10 +190,11 @@ def test_checkpoint_holds_peft_adapter_and_merged_model_and_loads_exactly(tiny_m
     ids = torch.tensor([PROMPTS[0] + COMPLETIONS[0]])
     with torch.no_grad():
         want = trainer.model.eval()(input_ids=ids).logits
-        from_peft = PeftModel.from_pretrained(load_causal_lm(tiny_model_dir)[0], str(final / "adapter"))
-        merged = AutoModelForCausalLM.from_pretrained(str(final / "model"), dtype=torch.float32)
-        assert torch.equal(from_peft.eval()(input_ids=ids).logits, want)  # the same adapter, the same computation
-        assert float((merged(ids).logits - want).abs().max()) < 1e-5
+        from_peft = PeftModel.from_pretrained(load_causal_lm(tiny_model_dir, "float64")[0], str(final / "adapter"))
+        merged = AutoModelForCausalLM.from_pretrained(str(final / "model"), dtype=torch.float64)
+        # the same adapter, the same computation in one process: bitwise equal on any CPU
+        assert torch.equal(from_peft.eval()(input_ids=ids).logits, want)
+        assert_same(merged(ids).logits, want, "merged model/ vs base + adapter")
 
     resumed = Trainer(cfg, tiny_model_dir)
     resumed.load(str(final))
@@ -235,19 +239,18 @@ def test_export_merge_writes_a_plain_hf_model_of_the_adapted_policy(tiny_model_d
 
     from posttrain.cli import app
 
-    run_dir, trainer, final = _run_with_checkpoint(tmp_path, tiny_model_dir)
+    run_dir, trainer, final = _run_with_checkpoint(tmp_path, tiny_model_dir, *FLOAT64)
     out = tmp_path / "merged"
     result = CliRunner().invoke(app, ["export", str(run_dir), "--step", "1", "--merge", str(out)])
     assert result.exit_code == 0, result.output
     assert "merged the LoRA adapter" in " ".join(result.output.split())
-    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float64)
     ids = torch.tensor([PROMPTS[2] + COMPLETIONS[2]])
     with torch.no_grad():
-        gap = (model(ids).logits - trainer.model.eval()(input_ids=ids).logits).abs().max()
-    assert float(gap) < 1e-5, float(gap)  # measured ~1e-6 (merged matmul vs base + adapter path)
-    # peft's merge_and_unload and the trainer's own merge (the checkpoint's model/) agree bit for bit
+        assert_same(model(ids).logits, trainer.model.eval()(input_ids=ids).logits, "export --merge vs base + adapter")
+    # peft's merge_and_unload (B A, scaled, added) and the trainer's own merge (one addmm; the checkpoint's model/)
     exported, in_ckpt = load_file(str(out / "model.safetensors")), load_file(str(final / "model" / "model.safetensors"))
-    assert exported.keys() == in_ckpt.keys() and all(torch.equal(exported[k], in_ckpt[k]) for k in exported)
+    assert_same(exported, in_ckpt, "peft's merge vs the trainer's")
     assert (out / "tokenizer_config.json").is_file() and not any(out.glob("adapter*"))
 
 

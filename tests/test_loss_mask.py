@@ -19,17 +19,20 @@ from posttrain.config import load_config
 from posttrain.rollout.samples import StepSamples
 from posttrain.training.batch import completion_logprobs, pack
 from posttrain.training.trainer import TrainBatch, Trainer
+from numerics_bounds import assert_same
 
-TOL = 1e-5  # kernels (AVX2 / default ATen) sum in other orders; hand numbers carry 6 digits
+TOL = 1e-5  # hand numbers carry 6 digits; what they are compared with is float64, or float32 sums of <= 12 terms
 
 
 # ------------------------------------------------------------------ (a) the clipped loss over a masked middle span
 
 # Two rows, old logprobs -1 everywhere, clip_eps 0.2. Row 0 (A = +1): mask [1, 1, 0, 0, 1], ratios [1, 1.5, 3, 3, 0.5];
 # row 1 (A = -0.5): 3 tokens then padding, ratios [1, 0.7, 1.3].
-MASK = torch.tensor([[1.0, 1, 0, 0, 1], [1, 1, 1, 0, 0]])
-RATIOS = torch.tensor([[1.0, 1.5, 3.0, 3.0, 0.5], [1.0, 0.7, 1.3, 1.0, 1.0]])
-ADV = torch.tensor([1.0, -0.5])
+# float64: the cut batch below sums in another order than the whole one (tests/numerics_bounds.py).
+F64 = torch.float64
+MASK = torch.tensor([[1.0, 1, 0, 0, 1], [1, 1, 1, 0, 0]], dtype=F64)
+RATIOS = torch.tensor([[1.0, 1.5, 3.0, 3.0, 0.5], [1.0, 0.7, 1.3, 1.0, 1.0]], dtype=F64)
+ADV = torch.tensor([1.0, -0.5], dtype=F64)
 
 
 def _loss(ratios, mask, adv, ref_shift=None, kl_coef=0.0, agg="token", old=-1.0):
@@ -66,24 +69,24 @@ def test_clipped_loss_counts_sampled_tokens_only_by_hand():
     assert float(_loss(RATIOS, MASK, ADV, agg="constant")[0].loss) == pytest.approx(-0.14375, abs=TOL)
 
     # The same batch with the masked span's two tokens removed from row 0: the same numbers.
-    short = torch.tensor([[1.0, 1.5, 0.5, 1.0, 1.0], [1.0, 0.7, 1.3, 1.0, 1.0]])
-    short_mask = torch.tensor([[1.0, 1, 1, 0, 0], [1, 1, 1, 0, 0]])
+    short = torch.tensor([[1.0, 1.5, 0.5, 1.0, 1.0], [1.0, 0.7, 1.3, 1.0, 1.0]], dtype=F64)
+    short_mask = torch.tensor([[1.0, 1, 1, 0, 0], [1, 1, 1, 0, 0]], dtype=F64)
     short_shift = torch.zeros_like(short_mask)
     short_shift[1, 2] = math.log(2.0)
     cut, _ = _loss(short, short_mask, ADV, ref_shift=short_shift, kl_coef=0.1)
     for key in ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"):
-        assert float(getattr(cut, key)) == pytest.approx(float(getattr(out, key)), rel=1e-6), key
+        assert_same(getattr(cut, key), getattr(out, key), key)
 
 
 def test_values_at_masked_positions_change_neither_loss_nor_gradient():
     # Per-token advantages; the gradient wrt each logprob, by hand (d/d lp of -r*A is -r*A; 0 where the clipped,
     # constant branch is taken), over 6 tokens: row 0 [-1/6, 0, 0, 0, -0.5/6], row 1 [0.5/6, 0, 0.65/6, 0, 0].
-    adv = torch.tensor([[1.0, 1, 1, 1, 1], [-0.5, -0.5, -0.5, 0, 0]])
+    adv = torch.tensor([[1.0, 1, 1, 1, 1], [-0.5, -0.5, -0.5, 0, 0]], dtype=F64)
     out, grad = _loss(RATIOS, MASK, adv)
     assert grad.flatten().tolist() == pytest.approx([-1 / 6, 0, 0, 0, -0.5 / 6, 0.5 / 6, 0, 0.65 / 6, 0, 0], abs=1e-6)
     other_adv, other_ratios = adv.clone(), RATIOS.clone()
-    other_adv[0, 2:4] = torch.tensor([-7.0, 40.0])
-    other_ratios[0, 2:4] = torch.tensor([0.01, 9.0])
+    other_adv[0, 2:4] = torch.tensor([-7.0, 40.0], dtype=F64)
+    other_ratios[0, 2:4] = torch.tensor([0.01, 9.0], dtype=F64)
     other, other_grad = _loss(other_ratios, MASK, other_adv, ref_shift=None)
     assert torch.equal(other.loss, out.loss) and torch.equal(other_grad, grad)
 
@@ -123,6 +126,11 @@ BIGRAM_BATCH = dict(prompts=[[3, 1], [1]], completions=[[2, 2, 3, 1], [3, 3]], l
 def cfg_dict(tiny_model_dir):
     return load_config(None, [f"model.path={tiny_model_dir}", "topology.torch_threads=1", "algorithm.kl_coef=0",
                               "algorithm.group_size=2", "algorithm.prompts_per_step=2"]).to_dict()
+
+
+def _float64(cfg_dict: dict) -> dict:
+    """The config with model.dtype=float64 (and the hf engine, which takes it): for comparing two paths."""
+    return _override(cfg_dict, model={"dtype": "float64"}, rollout={"engine": "hf"})
 
 
 def _override(cfg_dict: dict, **sections) -> dict:
@@ -393,7 +401,7 @@ def test_trainer_step_with_a_mask_counts_sampled_tokens(cfg_dict, tiny_model_dir
     # One update (ratio 1): policy loss = -(sum_i A_i * sampled_i) / sampled tokens
     #   = -(1.0 * 4 - 0.5 * 3 + 0.3 * 2 - 0.2 * 2) / 11 = -2.7 / 11 = -0.245455
     batch = _masked_batch(advantages=[1.0, -0.5, 0.3, -0.2], ref_logprobs=None)
-    trainer = Trainer(cfg_dict, tiny_model_dir)
+    trainer = Trainer(_float64(cfg_dict), tiny_model_dir)  # float64: the entropy below is computed another way
     with torch.no_grad():  # entropy per token over every completion token, before the update
         unmasked = pack(batch.prompts, batch.completions, trainer.pad_id)
         _, entropy = completion_logprobs(trainer.model, unmasked, with_entropy=True)
@@ -404,7 +412,7 @@ def test_trainer_step_with_a_mask_counts_sampled_tokens(cfg_dict, tiny_model_dir
     # The step's entropy is the mean over the sampled tokens only.
     # (The random tiny model is near-uniform everywhere, so the bigram test above is where the 4-vs-15-token
     # difference shows.)
-    assert m["entropy"] == pytest.approx(float((entropy * mask).sum() / 11), rel=TOL)
+    assert_same(m["entropy"], (entropy * mask).sum() / 11, "entropy")
 
 
 def test_critic_values_and_value_loss_on_sampled_tokens(tiny_model_dir):
@@ -436,8 +444,9 @@ def test_sharded_trainer_takes_the_mask(cfg_dict, tiny_model_dir):
     assert loss_share(mask[:2], mask, "token") == pytest.approx(5 / 6)
 
     batch = _masked_batch(advantages=[1.0, -0.5, 0.3, -0.2], ref_logprobs=None)
-    single = Trainer(cfg_dict, tiny_model_dir).train_step(batch)
-    rank = ShardedTrainer(cfg_dict, tiny_model_dir, 0, 1)
+    cfg = _float64(cfg_dict)  # FSDP runs the full forward, the single Trainer the head at completion positions only
+    single = Trainer(cfg, tiny_model_dir).train_step(batch)
+    rank = ShardedTrainer(cfg, tiny_model_dir, 0, 1)
     rank.join("127.0.0.1", free_port())
     try:
         sharded = rank.train_step(batch)
@@ -446,4 +455,4 @@ def test_sharded_trainer_takes_the_mask(cfg_dict, tiny_model_dir):
     assert sharded["trained_tokens"] == 11.0
     assert sharded["policy_loss"] == pytest.approx(-2.7 / 11, abs=TOL)
     for key in ("loss", "entropy", "logprob_gap_mean", "logprob_gap_max", "grad_norm"):
-        assert sharded[key] == pytest.approx(single[key], abs=TOL, rel=TOL), key
+        assert_same(sharded[key], single[key], key)

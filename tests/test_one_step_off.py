@@ -13,6 +13,7 @@ from posttrain.algorithms.grpo import clipped_policy_loss
 from posttrain.algorithms.off_policy import behaviour_logprobs, staleness
 from posttrain.config import load_config
 from posttrain.errors import PosttrainError
+from numerics_bounds import assert_same
 
 
 def test_ratio_against_behaviour_logprobs_by_hand():
@@ -75,7 +76,9 @@ def _trainer_and_batch(policy_dir: str, *overrides: str):
     from posttrain.training.batch import completion_logprobs, pack
     from posttrain.training.trainer import Trainer, TrainBatch
 
-    cfg = load_config(None, [f"model.path={policy_dir}", "algorithm.lr=1e-9", "topology.torch_threads=1", *overrides])
+    # float64: `own` comes from the padded forward, the step from packed rows (tests/numerics_bounds.py)
+    cfg = load_config(None, [f"model.path={policy_dir}", "algorithm.lr=1e-9", "topology.torch_threads=1",
+                             "model.dtype=float64", "rollout.engine=hf", *overrides])
     trainer = Trainer(cfg.to_dict(), policy_dir)
     prompts, comps = [[3, 4, 5], [6, 7]], [[8, 9], [10, 11, 12]]
     with torch.no_grad():
@@ -89,8 +92,8 @@ def test_trainer_takes_the_ratio_against_the_engine_logprobs_when_one_step_off(p
     trainer, TrainBatch, prompts, comps, own = _trainer_and_batch(policy_dir, "rollout.async_one_step_off=true")
     engine = [[v - 0.3 for v in own[i, : len(c)].tolist()] for i, c in enumerate(comps)]
     m = trainer.train_step(TrainBatch(prompts, comps, [1.0, -1.0], engine))
-    assert m["ratio_mean"] == pytest.approx(math.exp(0.3), rel=1e-4)
-    assert m["logprob_gap_mean"] == pytest.approx(0.3, abs=1e-4)  # engine vs the trainer's own logprobs
+    assert_same(m["ratio_mean"], math.exp(0.3), "ratio")
+    assert_same(m["logprob_gap_mean"], 0.3, "gap")  # engine vs the trainer's own logprobs
 
 
 def test_synchronous_single_pass_keeps_ratio_one_and_measures_the_gap(policy_dir):
@@ -98,7 +101,7 @@ def test_synchronous_single_pass_keeps_ratio_one_and_measures_the_gap(policy_dir
     trainer, TrainBatch, prompts, comps, own = _trainer_and_batch(policy_dir)
     engine = [[v - 0.3 for v in own[i, : len(c)].tolist()] for i, c in enumerate(comps)]
     m = trainer.train_step(TrainBatch(prompts, comps, [1.0, -1.0], engine))
-    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert_same(m["ratio_mean"], 1.0, "ratio")
     assert m["clip_fraction"] == 0.0
-    assert m["logprob_gap_mean"] == pytest.approx(0.3, abs=1e-4)
+    assert_same(m["logprob_gap_mean"], 0.3, "gap")
     assert m["entropy"] > 0

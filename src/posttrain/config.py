@@ -26,7 +26,11 @@ from posttrain.config_reward import JudgeConfig, RewardConfig, RewardFunctionCon
 
 class ModelConfig(_Section):
     path: str = Field("runs/demo/sft-model", description="Local HF causal-LM directory (weights + tokenizer).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for trainer, reference and engines.")
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = Field(
+        "float32", description="Weights dtype for trainer, reference and engines. float64 is for numerics checks "
+        "(tests compare two computation paths where no CPU kernel choice can matter): the trainer, reference, critic "
+        "and the hf engine take it; vLLM does not.",
+    )
     chat_template: Literal["auto", "never"] = Field(
         "auto", description="auto: use the tokenizer's chat template when it has one; never: plain prompts."
     )
@@ -497,6 +501,13 @@ class RunConfig(_Section):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    @model_validator(mode="after")
+    def _check_float64_engine(self) -> "RunConfig":
+        if self.model.dtype == "float64" and self.rollout.engine == "vllm":
+            raise ValueError("model.dtype=float64 with rollout.engine=vllm: vLLM has no float64 kernels; float64 is "
+                             "for numerics checks: set rollout.engine=hf, or model.dtype=float32")
+        return self
 
     def fingerprint(self, keys: tuple[str, ...] = ("model", "task", "algorithm", "seed")) -> str:
         """Hash of the parts that must not change across a resume."""

@@ -35,15 +35,20 @@ def aggregate(
     raise ValueError(f"unknown aggregation {how!r}")
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """bfloat16/float16 up to float32 for softmaxes and sums; float64 (model.dtype=float64, numerics checks) stays."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target_t | prefix) for each position. logits [B, T, V], targets [B, T] -> [B, T]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(at_least_float32(logits), dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the next-token distribution at each position. [B, T, V] -> [B, T]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(at_least_float32(logits), dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 

@@ -39,6 +39,8 @@ class HfEngine:
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
         import torch
 
+        from posttrain.algorithms.common import at_least_float32
+
         check_generate_args(prompts, spec, seeds)
         longest = max(len(p) for p in prompts)
         check_request_length(longest + spec.max_new_tokens, self.max_model_len)
@@ -51,7 +53,7 @@ class HfEngine:
         generators = [torch.Generator().manual_seed(int(seed) + j) for seed in seeds for j in range(n)]
 
         tokens = torch.full((rows, spec.max_new_tokens), self.pad_id, dtype=torch.long)
-        logprobs = torch.zeros((rows, spec.max_new_tokens))
+        logprobs = torch.zeros((rows, spec.max_new_tokens), dtype=torch.float64)  # float64 holds float32 exactly
         lengths = torch.full((rows,), spec.max_new_tokens, dtype=torch.long)
         finished = torch.zeros(rows, dtype=torch.bool)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at position 0
@@ -63,7 +65,7 @@ class HfEngine:
                     use_cache=True,
                 )
                 past = out.past_key_values
-                logits = out.logits[:, -1, :].float()  # [rows, vocab]
+                logits = at_least_float32(out.logits[:, -1, :])  # [rows, vocab]
                 chosen = self._choose(logits, spec, generators)
                 raw = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None])[:, 0]
                 chosen = torch.where(finished, torch.full_like(chosen, self.pad_id), chosen)
@@ -126,10 +128,12 @@ class HfEngine:
     def completion_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
         import torch
 
+        from posttrain.algorithms.common import at_least_float32
+
         if not prompt or not completion:
             raise PosttrainError("completion_logprobs: prompt and completion both need at least one token id")
         ids = torch.tensor([list(prompt) + list(completion)])
         with torch.no_grad():
-            logits = self.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [len(completion), vocab]
+            logits = at_least_float32(self.model(input_ids=ids).logits[0, len(prompt) - 1 : -1])  # [completion, vocab]
         raw = torch.log_softmax(logits, dim=-1)
         return raw.gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()

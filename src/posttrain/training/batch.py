@@ -147,7 +147,9 @@ def trained_token_logprobs(model, batch: PackedBatch, temperature: float = 1.0, 
     where = batch.completion_mask != 0
     mask = batch.completion_mask[where]
     logits = completion_logits(model, batch, temperature, where)
-    lp = torch.zeros(where.shape).masked_scatter(where, token_logprobs(logits, batch.targets[where]) * mask)
+    trained = token_logprobs(logits, batch.targets[where]) * mask
+    zeros = torch.zeros(where.shape, dtype=trained.dtype)  # float32, or float64 under model.dtype=float64
+    lp = zeros.masked_scatter(where, trained)
     if with_entropy:
-        return lp, torch.zeros(where.shape).masked_scatter(where, token_entropy(logits.detach()) * mask)
+        return lp, zeros.masked_scatter(where, token_entropy(logits.detach()) * mask)
     return lp

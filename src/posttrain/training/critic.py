@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from posttrain.algorithms.common import at_least_float32
 from posttrain.algorithms.ppo import clipped_value_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import check_model_dir, load_tokenizer
@@ -37,7 +38,7 @@ class Critic(ActorProcess):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.algorithm.critic_lr)
 
     def _values(self, packed: PackedBatch) -> torch.Tensor:
-        values = forward_at_completion_positions(lambda **kw: self.model(**kw).logits.float(), packed)
+        values = forward_at_completion_positions(lambda **kw: at_least_float32(self.model(**kw).logits), packed)
         return values.squeeze(-1) * packed.completion_mask
 
     @torch.no_grad()
@@ -55,12 +56,13 @@ class Critic(ActorProcess):
                    loss_masks: list[list[int]] | None = None) -> dict:
         """updates_per_batch passes of `minibatches` clipped value-loss steps each over the batch (like the policy);
         with `loss_masks` (multi-turn), the value loss counts sampled tokens only."""
-        from posttrain.training.trainer import _select, pad_rows
+        from posttrain.training.trainer import _select, pad_rows, values_dtype
 
         a = self.cfg.algorithm
         packed = pack(prompts, completions, self.pad_id, loss_masks, packed_rows=self.cfg.train.packing)
         T = packed.completion_mask.shape[1]
-        R, V_old = pad_rows(returns, T), pad_rows(old_values, T)
+        dtype = values_dtype(self.cfg)
+        R, V_old = pad_rows(returns, T, dtype), pad_rows(old_values, T, dtype)
         n = len(completions)
         mb = max(1, n // a.minibatches)
         self.model.train()

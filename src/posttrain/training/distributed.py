@@ -130,10 +130,10 @@ class ShardedTrainer(Trainer):
 
         # Old logprobs and entropy: each rank computes its rows, a sum over ranks fills the rest (x + 0 is exact).
         self.model.eval()
-        old_lp, entropy = torch.zeros(n, T), torch.zeros(n, T)
         mine = rank_rows(torch.arange(n), r, W)
         with torch.no_grad():
             lp, ent = completion_logprobs(self.model, _select(packed, _nonempty(mine)), temp, with_entropy=True)
+        old_lp, entropy = torch.zeros(n, T, dtype=lp.dtype), torch.zeros(n, T, dtype=lp.dtype)
         if len(mine):
             old_lp[mine], entropy[mine] = lp, ent
         dist.all_reduce(old_lp)
@@ -169,7 +169,7 @@ class ShardedTrainer(Trainer):
                 self.updates += 1
                 # Loss terms weigh by the loss share; per-token means (kl, clip, ratio) by the token share.
                 parts = torch.stack([out.loss.detach() * share, out.policy_loss * share, out.kl * tokens,
-                                     out.clip_fraction * tokens, out.ratio_mean * tokens]).float()
+                                     out.clip_fraction * tokens, out.ratio_mean * tokens]).double()
                 dist.all_reduce(parts)
                 for k, v in zip(("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"), parts.tolist()):
                     stats[k].append(v)

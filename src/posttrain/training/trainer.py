@@ -59,11 +59,17 @@ def learning_rate(step: int, total_steps: int, lr: float, schedule: str, final_f
     return lr * (1.0 - (1.0 - final_fraction) * progress)
 
 
-def pad_rows(rows: list[list[float]], width: int) -> torch.Tensor:
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
+def pad_rows(rows: list[list[float]], width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=dtype)
     for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r[:width], dtype=torch.float32)
+        out[i, : len(r)] = torch.tensor(r[:width], dtype=dtype)
     return out
+
+
+def values_dtype(cfg: RunConfig) -> torch.dtype:
+    """The dtype of advantages, logprobs and values fed to the losses: float32, or float64 under model.dtype=float64
+    (numerics checks), so that no input is rounded to float32 on one path and not the other."""
+    return torch.float64 if cfg.model.dtype == "float64" else torch.float32
 
 
 class Trainer(ActorProcess):
@@ -100,16 +106,17 @@ class Trainer(ActorProcess):
         packed = pack(batch.prompts, batch.completions, self.pad_id, batch.loss_masks,
                       packed_rows=self.cfg.train.packing)
         T = packed.completion_mask.shape[1]
+        dtype = values_dtype(self.cfg)
         # PPO and REINFORCE++ put the KL into the reward (the loop did); the others add a k3 term to the loss.
         kl_loss_coef = 0.0 if kl_in_reward(a) else a.kl_coef
         lr = learning_rate(batch.step, self.cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return StepInputs(
-            packed=packed, mask=packed.completion_mask, advantages=_advantage_tensor(batch.advantages, T),
-            kl_loss_coef=kl_loss_coef, engine_lp=pad_rows(batch.engine_logprobs, T), lr=lr,
+            packed=packed, mask=packed.completion_mask, advantages=_advantage_tensor(batch.advantages, T, dtype),
+            kl_loss_coef=kl_loss_coef, engine_lp=pad_rows(batch.engine_logprobs, T, dtype), lr=lr,
             agg_constant=sampled_token_budget(self.cfg.rollout),
-            ref=pad_rows(batch.ref_logprobs, T) if batch.ref_logprobs is not None and kl_loss_coef > 0 else None,
+            ref=pad_rows(batch.ref_logprobs, T, dtype) if batch.ref_logprobs is not None and kl_loss_coef > 0 else None,
         )
 
     def train_step(self, batch: TrainBatch) -> dict:
@@ -276,11 +283,11 @@ class Trainer(ActorProcess):
         return os.getpid()
 
 
-def _advantage_tensor(advantages, width: int) -> torch.Tensor:
+def _advantage_tensor(advantages, width: int, dtype: torch.dtype) -> torch.Tensor:
     """[B] from one advantage per sample, [B, width] from one per completion token."""
     if advantages and isinstance(advantages[0], (list, tuple)):
-        return pad_rows(advantages, width)
-    return torch.tensor(advantages, dtype=torch.float32)
+        return pad_rows(advantages, width, dtype)
+    return torch.tensor(advantages, dtype=dtype)
 
 
 def _select(packed: PackedBatch, idx: torch.Tensor) -> PackedBatch:
