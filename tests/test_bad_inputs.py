@@ -152,9 +152,11 @@ def _eval_from_run(tmp: Path, model: str, change: Callable[[Path], None]) -> lis
 
 
 def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: bool = False,
-                extra: tuple[str, ...] = (), data: str | None = None, files: dict | None = None) -> list[str]:
-    """A run dir holding one checkpoint whose state.json carries `fingerprint` (default: the config's own) and the
-    data fingerprint `data` (none: a checkpoint from before data fingerprints), plus `files` (path -> text)."""
+                extra: tuple[str, ...] = (), data: str | None = None, files: dict | None = None,
+                rows: int | None = None) -> list[str]:
+    """A run dir holding one checkpoint whose state.json carries `fingerprint` (default: the config's own), the
+    data fingerprint `data` (none: a checkpoint from before data fingerprints) and row count `rows` (none: from
+    before row counts), plus `files` (path -> text)."""
     from posttrain.config import load_config
     from posttrain.training import checkpoint as ckpt
 
@@ -162,7 +164,7 @@ def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: 
     cfg = load_config(args[1], [*SMALL, *extra])
     tmp_dir = ckpt.begin_checkpoint(cfg.run_dir / "checkpoints", 2)
     state = {"step": 2, "cursor": {"epoch": 0, "offset": 64}, "eval_history": [],
-             "config_fingerprint": fingerprint or cfg.fingerprint(), "data_fingerprint": data}
+             "config_fingerprint": fingerprint or cfg.fingerprint(), "data_fingerprint": data, "data_rows": rows}
     (tmp_dir / "state.json").write_text(json.dumps(state))
     for rel, text in (files or {}).items():
         (tmp_dir / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -199,6 +201,30 @@ def _checkpoint_then_edit_data(tmp: Path, model: str) -> list[str]:
     cfg = load_config(None, [*SMALL, *extra])
     args = _checkpoint(tmp, model, extra=extra, data=data_fingerprint(load_task(cfg.task, cfg.seed).train))
     _dataset(tmp, _rows(39) + [json.dumps({"prompt": "39+1=", "answer": "41"})])
+    return args
+
+
+def _checkpoint_then_add_rows(tmp: Path, model: str) -> list[str]:
+    """A checkpoint of a jsonl run of 40 rows with the data's true fingerprint and row count; then 4 rows are added."""
+    from posttrain.config import load_config
+    from posttrain.rollout.sampler import data_fingerprint
+    from posttrain.tasks import load_task
+
+    extra = ("task.name=jsonl", f"task.path={_dataset(tmp, _rows(40))}", "task.heldout_size=5")
+    cfg = load_config(None, [*SMALL, *extra])
+    train = load_task(cfg.task, cfg.seed).train
+    args = _checkpoint(tmp, model, extra=extra, data=data_fingerprint(train), rows=len(train))
+    _dataset(tmp, _rows(44))
+    return args
+
+
+def _checkpoint_cut_off(tmp: Path, model: str) -> list[str]:
+    """A run dir whose only checkpoint was cut off mid-write (a kill before its rename): a temp directory."""
+    from posttrain.training import checkpoint as ckpt
+
+    args = _checkpoint(tmp, model)
+    final = ckpt.list_checkpoints(tmp / "runs" / "bad" / "checkpoints")[0]
+    final.rename(final.parent / f".tmp-{final.name}-0123abcd")
     return args
 
 
@@ -356,6 +382,12 @@ CASES = [
          "--resume: the config's model/task/algorithm/seed differ from the checkpoint"),
     Case("resume-data-changed", "--resume after the dataset file changed (here: one row edited)",
          lambda t, m: [*_checkpoint_then_edit_data(t, m), "--resume"], "--resume: the training data of task.path"),
+    Case("resume-data-rows-added", "--resume after rows were added to the dataset file (40 -> 44 rows, 5 held out)",
+         lambda t, m: [*_checkpoint_then_add_rows(t, m), "--resume"], "; training rows 35 -> 39)"),
+    Case("allow-data-change-alone", "`--allow-data-change` without `--resume`",
+         lambda t, m: [*_good(t, m), "--allow-data-change"], "--allow-data-change applies only to a resume"),
+    Case("resume-checkpoint-cut-off", "--resume when the only checkpoint was cut off mid-write (a temp directory)",
+         lambda t, m: [*_checkpoint_cut_off(t, m), "--resume"], "--resume: no valid checkpoint under"),
     Case("tiny-size", "unknown tiny model size", lambda t, m: ["model", "tiny", str(t / "m"), "--size", "7b"],
          "--size: unknown size '7b'"),
     Case("from-run-not-a-run", "`eval --from-run` on a directory that is not a run",

@@ -9,10 +9,10 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
 
 import psutil
 import pytest
+from sample_ids import lost_and_duplicated  # every sample id exactly once
 
 from posttrain.config import load_config
 from posttrain.rollout.sampler import PromptSampler
@@ -87,15 +87,9 @@ def test_sigkilled_rollout_worker_loses_and_duplicates_no_sample(tmp_path, warm_
     # Expected ids per step, from an independent replay of the data cursor: step/prompt_id/sample_index.
     task = load_task(cfg.task, cfg.seed)
     sampler = PromptSampler(task.train, cfg.seed)
-    lost = duplicated = 0
     lines = [json.loads(l) for l in (cfg.run_dir / "samples.jsonl").read_text().splitlines()]
     assert [rec["step"] for rec in lines] == list(range(1, STEPS + 1))
-    for rec in lines:
-        step = rec["step"] - 1
-        expected = {f"{step}/{p.id}/{j}" for p in sampler.next_batch(PROMPTS) for j in range(GROUP)}
-        got = Counter(sid for sid, _, _ in rec["samples"])
-        lost += len(expected - set(got))
-        duplicated += sum(c - 1 for c in got.values()) + len(set(got) - expected)
+    lost, duplicated = lost_and_duplicated(lines, sampler, PROMPTS, GROUP)
     print(f"killed pid {killer.killed[0]} ({killer.killed[1]}); lost={lost} duplicated={duplicated}")
     assert (lost, duplicated) == (0, 0)
     # The restarted engine generated with the trainer's current weights, not model.path's: the engine-vs-trainer

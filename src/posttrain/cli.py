@@ -12,7 +12,7 @@ from posttrain.cli_common import console, err_console, print_summary, split_conf
 from posttrain.config import dump_config, load_config
 from posttrain.errors import PosttrainError
 from posttrain.orchestration.reform import EXIT_CAPACITY, CapacityLost
-from posttrain.preemption import EXIT_PREEMPTED, Preempted
+from posttrain.preemption import Preempted, StoppedWithoutCheckpoint
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
@@ -37,12 +37,18 @@ def train(
     config: str = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. algorithm.kl_coef=0.02"),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest valid checkpoint of the run."),
+    allow_data_change: bool = typer.Option(
+        False, "--allow-data-change", help="With --resume: go on although the training data differ from the "
+        "checkpoint's (same data cursor over the new data; recorded as data_changes in state.json and summary.json)."),
     address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster instead of starting one."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ):
     """Train a policy with the configured algorithm (rollout on vLLM engines, roles as Ray actors; dpo: offline)."""
     from posttrain.loop import train as run_train
 
+    if allow_data_change and not resume:
+        raise PosttrainError("--allow-data-change applies only to a resume",
+                             hint="add --resume to continue the run on changed data, or drop --allow-data-change")
     extra = [f"ray.address={address}"] if address else []
     cfg = load_config(config, (overrides or []) + extra)
     if cfg.algorithm.name == "dpo":  # offline: no Ray, no rollout
@@ -50,13 +56,14 @@ def train(
 
         return print_summary(run_dpo(cfg, quiet))
     try:
-        summary = run_train(cfg, resume=resume, progress=not quiet)
-    except Preempted as e:
+        summary = run_train(cfg, resume=resume, progress=not quiet, allow_data_change=allow_data_change)
+    except (Preempted, StoppedWithoutCheckpoint) as e:  # SIGTERM: 75, Ctrl-C: 130 (preemption.py)
         err_console.print(str(e), highlight=False, soft_wrap=True)
-        raise typer.Exit(EXIT_PREEMPTED) from None
+        raise typer.Exit(e.exit_code) from None
     except CapacityLost as e:
         err_console.print(f"[bold red]capacity lost:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_CAPACITY) from None
+
     print_summary(summary)
 
 

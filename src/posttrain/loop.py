@@ -20,7 +20,9 @@ from posttrain.evals.alarm_wiring import LoopAlarms, after_step_evals_and_alarms
 from posttrain.evals.in_loop import InLoopEval
 from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
 from posttrain.models.lora import check_lora_targets, check_resume_kind
-from posttrain.preemption import ASSUMED_CHECKPOINT_BYTES_PER_S, Preempted, SigtermWatch, StepAbandoned
+from posttrain.preemption import (ASSUMED_CHECKPOINT_BYTES_PER_S, ClusterStopped, Preempted, StepAbandoned,
+                                  StopSignalWatch, StoppedWithoutCheckpoint, cluster_stopped_by,
+                                  stop_if_cluster_stopped)
 from posttrain.progress import StepProgress
 from posttrain.rewards.functions import check_functions, check_resume, record_sources
 from posttrain.rewards.verifier import FailureBudget
@@ -44,16 +46,20 @@ class RunState:
     eval_history: list[dict] = field(default_factory=list)
     data_fingerprint: str | None = None  # of the training split the cursor walks (sampler.data_fingerprint)
     reward_functions: dict = field(default_factory=dict)  # name -> {fn, file, sha256, form} (reward.functions)
+    data_rows: int | None = None  # rows of that split: says what changed when the fingerprint does
+    data_changes: list[dict] = field(default_factory=list)  # resumes onto changed data (--allow-data-change)
 
     def to_json(self, fingerprint: str) -> dict:
         return {"step": self.step, "cursor": vars(self.cursor), "eval_history": self.eval_history,
                 "config_fingerprint": fingerprint, "data_fingerprint": self.data_fingerprint,
-                **({"reward_functions": self.reward_functions} if self.reward_functions else {})}
+                "data_rows": self.data_rows,
+                **({"reward_functions": self.reward_functions} if self.reward_functions else {}),
+                **({"data_changes": self.data_changes} if self.data_changes else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "RunState":
         return cls(d["step"], Cursor(**d["cursor"]), d["eval_history"], d.get("data_fingerprint"),
-                   d.get("reward_functions", {}))
+                   d.get("reward_functions", {}), d.get("data_rows"), d.get("data_changes", []))
 
 
 def heldout(cfg: RunConfig, roles, encoder: PromptEncoder, task) -> dict:
@@ -118,25 +124,47 @@ def save_checkpoint(cfg: RunConfig, roles, state: RunState) -> Path:
     return final
 
 
-def timed_checkpoint(cfg: RunConfig, roles, state: RunState, sigterm: SigtermWatch) -> Path:
-    """save_checkpoint, its duration told to the SIGTERM watch (the part of the grace period it keeps back)."""
+def timed_checkpoint(cfg: RunConfig, roles, state: RunState, stop_signals: StopSignalWatch) -> Path:
+    """save_checkpoint, its duration told to the stop-signal watch (the part of the grace period it keeps back)."""
     t = time.monotonic()
     path = save_checkpoint(cfg, roles, state)
-    sigterm.checkpoint_written(time.monotonic() - t)
+    stop_signals.checkpoint_written(time.monotonic() - t)
     return path
 
 
-def preempt(cfg: RunConfig, roles, state: RunState, sigterm: SigtermWatch, last_ckpt_step: int,
+def preempt(cfg: RunConfig, roles, state: RunState, stop_signals: StopSignalWatch, last_ckpt_step: int,
             abandoned: bool = False) -> Preempted:
-    """After SIGTERM: the checkpoint of the last completed step (written unless it exists), as the exception that
-    makes the CLI exit with EXIT_PREEMPTED."""
+    """After SIGTERM or Ctrl-C: the checkpoint of the last completed step (written unless it exists), as the
+    exception that makes the CLI exit with EXIT_PREEMPTED (EXIT_INTERRUPTED for Ctrl-C)."""
     saved = (save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step
              else ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints"))
-    return Preempted(saved, state.step, sigterm.seconds_since(), cfg.checkpoint.grace_seconds,
-                     abandoned_step=state.step + 1 if abandoned else None)
+    return Preempted(saved, state.step, stop_signals.seconds_since(), cfg.checkpoint.grace_seconds,
+                     abandoned_step=state.step + 1 if abandoned else None, resume=resume_command(cfg),
+                     signal_name=stop_signals.signal_name or "SIGTERM")
 
 
-def load_resume_state(cfg: RunConfig, warn, data: str | None = None) -> tuple[Path, RunState]:
+def stopped_without_checkpoint(cfg: RunConfig, error: BaseException) -> StoppedWithoutCheckpoint | None:
+    """When `error` ended a run that a stop signal stopped where no checkpoint could be written (its own cluster
+    went with it, whatever Ray raised then; a second Ctrl-C): the error naming the newest valid checkpoint and the
+    command that continues from it. None for any other error."""
+    by = cluster_stopped_by()
+    if by is not None and not isinstance(error, (Preempted, PosttrainError)):  # those say what happened already
+        why, signal_name = str(ClusterStopped(by)), by
+    elif isinstance(error, KeyboardInterrupt):
+        why, signal_name = "a second Ctrl-C (or one during start-up) stops at once", "SIGINT"
+    else:
+        return None
+    newest = ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints", warn=lambda _: None)
+    command = resume_command(cfg) if newest else f"posttrain train {(cfg.run_dir / 'config.yaml').resolve()}"
+    return StoppedWithoutCheckpoint(why, signal_name, newest, int(newest.name[len(ckpt.PREFIX):]) if newest else None,
+                                    command)
+
+
+def load_resume_state(cfg: RunConfig, warn, data: str | None = None, rows: int | None = None,
+                      allow_data_change: bool = False) -> tuple[Path, RunState]:
+    """The newest valid checkpoint and its RunState, after the checks that make resuming it safe. `data`/`rows`:
+    the training split's fingerprint and row count now; a difference is an error unless `allow_data_change`, which
+    records it in the state (and so in every later checkpoint and the summary) instead."""
     root = cfg.run_dir / "checkpoints"
     path = ckpt.latest_valid_checkpoint(root, warn=warn)
     if path is None:
@@ -150,14 +178,32 @@ def load_resume_state(cfg: RunConfig, warn, data: str | None = None) -> tuple[Pa
             f"--resume: the config's model/task/algorithm/seed differ from the checkpoint {path}",
             hint="resume with the run's own config (runs/<name>/config.yaml), changing only train.steps, eval or logging",
         )
-    if data is not None and saved.get("data_fingerprint") not in (None, data):  # None: a checkpoint from before
-        where = f"task.path {cfg.task.path}" if cfg.task.path else f"task {cfg.task.name}"
-        raise PosttrainError(
-            f"--resume: the training data of {where} differ from those the checkpoint {path} was trained on; its "
-            "data cursor would skip or repeat samples",
-            hint="restore the dataset the run started with, or start a new run (name=<new name>) on the new data",
-        )
-    return path, RunState.from_json(saved)
+    state = RunState.from_json(saved)
+    old = saved.get("data_fingerprint")
+    if data is not None and old not in (None, data):  # None: a checkpoint from before data fingerprints
+        change = data_change(cfg, path, state, data, rows)
+        if not allow_data_change:
+            raise PosttrainError(
+                f"--resume: {change['what']}; its data cursor would skip or repeat samples",
+                hint="restore the dataset the run started with, start a new run (name=<new name>) on the new data, "
+                     "or pass --allow-data-change to go on from the same cursor over the new data",
+            )
+        warn(f"--allow-data-change: {change['what']}; going on from data cursor {vars(state.cursor)} over the new "
+             "data (recorded in the checkpoints' state.json and summary.json as data_changes)")
+        state.data_changes.append({k: v for k, v in change.items() if k != "what"})
+    return path, state
+
+
+def data_change(cfg: RunConfig, path: Path, state: RunState, data: str, rows: int | None) -> dict:
+    """What differs between the training data a checkpoint was trained on and the data now, as one sentence
+    ("what") and as a record: the step resumed, the old and new fingerprints and row counts."""
+    where = f"task.path {cfg.task.path}" if cfg.task.path else f"task {cfg.task.name}"
+    count = f"; training rows {state.data_rows} -> {rows}" if state.data_rows is not None and rows is not None else ""
+    what = (f"the training data of {where} differ from those the checkpoint {path} was trained on (fingerprint "
+            f"{state.data_fingerprint} -> {data}{count})")
+    return {"what": what, "step": state.step, "checkpoint": str(path), "data": where,
+            "old_fingerprint": state.data_fingerprint, "new_fingerprint": data, "old_rows": state.data_rows,
+            "new_rows": rows}
 
 
 def resume_command(cfg: RunConfig) -> str:
@@ -165,20 +211,24 @@ def resume_command(cfg: RunConfig) -> str:
     return f"posttrain train {(cfg.run_dir / 'config.yaml').resolve()} --resume"
 
 
-def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dict:
+def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, allow_data_change: bool = False) -> dict:
     """Runs (or resumes) an online RL run (algorithm.name: grpo, dr_grpo, dapo, rloo, reinforce_pp, ppo) and returns its
-    summary (also written to runs/<name>/summary.json). The run's end, whichever it is, goes to `ops.notify`."""
+    summary (also written to runs/<name>/summary.json). The run's end, whichever it is, goes to `ops.notify`.
+    `allow_data_change`: a resume goes on over training data that differ from the checkpoint's (recorded)."""
     notifier = Notifier.from_config(cfg)
     try:
         reforming, nodes = None, NodeWatch()
         for attempt in range(MAX_REFORMS + 1):
             try:
-                summary = _train(cfg, resume, progress, notifier.emit, reforming, nodes)
+                summary = _train(cfg, resume, progress, notifier.emit, reforming, nodes, allow_data_change)
                 break
-            except RolesLost as lost:
-                if attempt == MAX_REFORMS:
+            except BaseException as e:
+                stopped = stopped_without_checkpoint(cfg, e)  # not a lost role to re-form: the run was stopped
+                if stopped is not None:
+                    raise stopped from None
+                if not isinstance(e, RolesLost) or attempt == MAX_REFORMS:
                     raise
-                reforming = roles_lost(cfg, lost, nodes, notifier.emit)
+                reforming = roles_lost(cfg, e, nodes, notifier.emit)
                 resume = reforming["resume"]
         notifier.emit("run_finished", steps=summary["steps"], heldout_before=summary["heldout_accuracy_before"],
                       heldout_after=summary["heldout_accuracy_after"], wall_s=round(summary["train_wall_seconds"], 1),
@@ -190,7 +240,11 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> dic
         notifier.emit("run_preempted", step=e.step, checkpoint=e.checkpoint, abandoned_step=e.abandoned_step,
                       resume=resume_command(cfg))
         raise
-    except BaseException as e:  # KeyboardInterrupt too: whoever is paged needs to know the run is gone
+    except StoppedWithoutCheckpoint as e:
+        notifier.emit("run_preempted", step=e.step, checkpoint=e.newest, abandoned_step=None,
+                      resume=resume_command(cfg) if e.newest else None)
+        raise
+    except BaseException as e:  # whoever is paged needs to know the run is gone
         last = ckpt.list_checkpoints(cfg.run_dir / "checkpoints")
         notifier.emit("run_failed", error=f"{type(e).__name__}: {e}", last_checkpoint=last[-1] if last else None,
                       resume=resume_command(cfg) if last else None)
@@ -203,12 +257,12 @@ MAX_REFORMS = 5  # re-forms of one `train` call; more means something keeps kill
 
 
 def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict | None = None,
-           nodes: NodeWatch | None = None) -> dict:
+           nodes: NodeWatch | None = None, allow_data_change: bool = False) -> dict:
     import ray
 
     from posttrain.orchestration.reform import as_roles_lost, dead_roles, lost_errors
     from posttrain.orchestration.roles import destroy_roles, needed_cpus, role_actors, role_names
-    from posttrain.orchestration.runtime import start_ray, stop_ray
+    from posttrain.orchestration.runtime import embedded_cluster_stopped, start_ray, stop_ray
 
     if cfg.algorithm.name == "dpo":
         raise PosttrainError("algorithm.name=dpo trains offline from preference pairs, not in the RL loop",
@@ -247,11 +301,11 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
     bar = StepProgress(cfg.algorithm.name, cfg.train.steps, enabled=progress and cfg.logging.progress,
                        fields=("reward", "acc", "tok/s"))
     data = data_fingerprint(task.train)
-    state = RunState(data_fingerprint=data)
+    state = RunState(data_fingerprint=data, data_rows=len(task.train))
     resume_path = None
     if resume:
-        resume_path, state = load_resume_state(cfg, bar.log, data)
-        state.data_fingerprint = data
+        resume_path, state = load_resume_state(cfg, bar.log, data, len(task.train), allow_data_change)
+        state.data_fingerprint, state.data_rows = data, len(task.train)
         check_resume(state.reward_functions, functions, cfg.reward.strict_resume, resume_path, bar.log)
         bar.log(f"resuming from {resume_path} (step {state.step}, data cursor {vars(state.cursor)})")
     state.reward_functions = {n: vars(src) for n, src in functions.items()}
@@ -279,8 +333,9 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
     start_ray(cfg.ray, needed_cpus(cfg))
     if nodes is not None:
         nodes.start()  # the nodes this run starts with: a node gone later is a node this run lost
-    sigterm = SigtermWatch(cfg.checkpoint.grace_seconds, ckpt.checkpoint_bytes_estimate(cfg.model.path)
-                           / ASSUMED_CHECKPOINT_BYTES_PER_S).install()  # after ray.init, which sets its own
+    stop_signals = StopSignalWatch(cfg.checkpoint.grace_seconds, ckpt.checkpoint_bytes_estimate(cfg.model.path)
+                                   / ASSUMED_CHECKPOINT_BYTES_PER_S, cluster_stopped=embedded_cluster_stopped,
+                                   note=bar.note).install()  # SIGTERM and SIGINT; after ray.init, which sets its own
     roles = None
     try:
         roles = create_roles_or_wait(cfg, reforming, notify, resume_command(cfg))
@@ -313,13 +368,13 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
             try:
                 if roles.watchdog is not None:
                     roles.watchdog.step = state.step + 1  # the step in progress, as metrics.jsonl numbers it
-                sigterm.begin_step()
+                stop_signals.begin_step()
                 record, samples = (ahead.run_step(state.step, roles) if ahead is not None
                                    else run_step(cfg, state.step, roles, sampler, encoder))
             except StepAbandoned:  # SIGTERM, and the step could not finish within checkpoint.grace_seconds
-                raise preempt(cfg, roles, state, sigterm, last_ckpt_step, abandoned=True) from None
+                raise preempt(cfg, roles, state, stop_signals, last_ckpt_step, abandoned=True) from None
             finally:
-                sigterm.end_step()
+                stop_signals.end_step()
             sample_log.write(samples)
             state.step += 1
             state.cursor = ahead.cursor if ahead is not None else sampler.cursor
@@ -340,14 +395,14 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
             reward_budget.check(record, samples)
             bar.update(state.step, reward=record["reward_mean"], acc=record["accuracy"], **{"tok/s": int(record["tokens_per_s"])})
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.train.steps:
-                writer.log_checkpoint(state.step, timed_checkpoint(cfg, roles, state, sigterm))
+                writer.log_checkpoint(state.step, timed_checkpoint(cfg, roles, state, stop_signals))
                 last_ckpt_step = state.step
             stopped_by = after_step_evals_and_alarms(cfg, roles, state.step, last_ckpt_step, in_loop, alarms, writer,
                                                      bar.log)
             if stopped_by or reached:
                 break
-            if sigterm.requested and state.step < cfg.train.steps:
-                raise preempt(cfg, roles, state, sigterm, last_ckpt_step)
+            if stop_signals.requested and state.step < cfg.train.steps:
+                raise preempt(cfg, roles, state, stop_signals, last_ckpt_step)
         if not state.eval_history or state.eval_history[-1]["step"] != state.step:
             got = heldout(cfg, roles, encoder, task)
             acc = got["eval/heldout_accuracy"]
@@ -361,26 +416,28 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
             for r in in_loop.finish():
                 writer.write(r)
     except lost_errors() as e:  # a role's process or node is gone: train() re-forms the roles from the checkpoint
+        stop_if_cluster_stopped()  # unless it went with the whole cluster, after a stop signal
         raise as_roles_lost(e, role_names(roles)) from e
     except ray.exceptions.RayTaskError as e:  # an error inside a task, or one a lost peer caused (a collective)
+        stop_if_cluster_stopped()
         dead = dead_roles(role_actors(roles)) if roles is not None else []
         if dead:
             raise RolesLost(", ".join(dead), f"lost ({type(e.cause).__name__} in a peer: "
                                              f"{str(e.cause).splitlines()[0][:200]})") from e
         raise
     finally:
-        sigterm.restore()
+        stop_signals.restore()
         if ahead is not None:
             ahead.close()  # waits for a rollout still in flight before its actors go
         bar.close()
         writer.close()
         sample_log.close()
-        if roles is not None:
+        if roles is not None and cluster_stopped_by() is None:  # else there is no GCS left to ask
             destroy_roles(roles)
         if episodes is not None:
             episodes.close()
         if started_ray:
-            stop_ray()
+            stop_ray(cluster_stopped=cluster_stopped_by() is not None)
 
     from posttrain.evals.run_plots import plot_run
 
@@ -414,6 +471,7 @@ def build_summary(cfg: RunConfig, state: RunState, final_ckpt: Path | None, wall
         "logprob_gap_mean": sum(gaps) / len(gaps) if gaps else None,
         "final_checkpoint": str(final_ckpt) if final_ckpt else None,
         "accounting": accounting_for_run(cfg, steps),  # device-seconds, busy fraction per role, cost
+        **({"data_changes": state.data_changes} if state.data_changes else {}),  # --allow-data-change resumes
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -47,6 +48,17 @@ class StepProgress:
             self._progress.console.print(message)
         else:
             print(message, file=sys.stderr, flush=True)
+
+    def note(self, message: str) -> None:
+        """A stop under way (Ctrl-C, SIGTERM), said at once on the progress line. Called from a signal handler, which
+        may have interrupted a print to stderr: the plain line goes out with os.write, not through sys.stderr's
+        buffer (a reentrant write to it raises); the bar's own lock is reentrant. On the bar: a line above it, and
+        the bar's name says "stopping" (the whole message there would crowd out the bar)."""
+        if self.fancy:
+            self._progress.console.print(message, highlight=False)
+            self._progress.update(self._task, description=f"{self.description} [yellow](stopping)[/]")
+        else:
+            os.write(sys.stderr.fileno(), f"[{self.description}] {message}\n".encode())
 
     def close(self) -> None:
         if self.fancy:

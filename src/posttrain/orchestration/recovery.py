@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from posttrain.preemption import stop_if_cluster_stopped
+
 REDO_ATTEMPTS = 3          # a share is redone at most this many times (the actors' max_restarts is the same)
 RESTART_TIMEOUT_S = 600.0  # a vLLM engine restart takes 20-60 s on a loaded 2-core machine
 
@@ -88,6 +90,7 @@ def gather_with_redo(
                 if leave is not None and leave(workers[i], e):
                     results.append(LEFT)
                     break
+                stop_if_cluster_stopped()  # after a stop signal, a worker that died with its cluster is not restarted
                 if attempt == REDO_ATTEMPTS:
                     raise RolesLost(f"rollout{i}", f"died {attempt + 1} times while doing {what}") from e
                 log(f"rollout worker {i} died during {what} ({type(e).__name__}); waiting for its restart to redo it")

@@ -1,5 +1,7 @@
 """The data cursor: which prompts each step trains on. Each epoch is a seeded permutation of the training split;
-the cursor (epoch, offset) is all the state there is, so a resume continues with exactly the next prompts."""
+the cursor (epoch, offset) is all the state there is, so a resume continues with exactly the next prompts. A cursor
+at the end of a pass (offset == the split's size) wraps on the next draw, so a checkpoint taken there resumes into
+the next epoch's first prompts (tests/test_resume_edges.py)."""
 
 from __future__ import annotations
 
