@@ -88,7 +88,10 @@ class Run:
 def run(tmp_path_factory, tiny_model_dir) -> Run:
     tmp = tmp_path_factory.mktemp("stops")
     # checkpoint.every=0: every checkpoint is one a stop wrote
-    config = _write_config(tmp, tiny_model_dir, "stopped", {"train": {"steps": STEPS}}, every=0,
+    # The random tiny model earns no verifier reward: the run trains on nothing on purpose (what is tested is how
+    # it stops), so the zero-signal alarm, which would stop it at step 5, is off.
+    config = _write_config(tmp, tiny_model_dir, "stopped", {"train": {"steps": STEPS},
+                                                            "alarms": {"no_signal_steps": 0}}, every=0,
                            grace_seconds=GRACE)
     return Run(config, tmp / "stopped")
 

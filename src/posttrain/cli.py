@@ -11,6 +11,7 @@ import typer
 from posttrain.cli_common import console, err_console, print_summary, split_config_args, user_errors
 from posttrain.config import dump_config, load_config
 from posttrain.errors import PosttrainError
+from posttrain.evals.no_signal import EXIT_NO_SIGNAL, NoLearningSignal
 from posttrain.orchestration.reform import EXIT_CAPACITY, CapacityLost
 from posttrain.preemption import Preempted, StoppedWithoutCheckpoint
 
@@ -63,7 +64,9 @@ def train(
     except CapacityLost as e:
         err_console.print(f"[bold red]capacity lost:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_CAPACITY) from None
-
+    except NoLearningSignal as e:
+        err_console.print(f"[bold red]no learning signal:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_NO_SIGNAL) from None
     print_summary(summary)
 
 

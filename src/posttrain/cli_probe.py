@@ -6,10 +6,7 @@ import typer
 
 from posttrain.cli_common import console, split_config_args
 from posttrain.errors import PosttrainError
-
-# Exit code of a probe whose verdict is "no signal": training this config would train on nothing. A script that
-# probes before it trains (examples/real-model) stops there.
-EXIT_NO_SIGNAL = 77
+from posttrain.evals.no_signal import EXIT_NO_SIGNAL  # a no-signal verdict: training would train on nothing
 
 
 def probe(

@@ -387,6 +387,15 @@ class AlarmsConfig(_Section):
         "action warn, stop or rollback (to the best checkpoint; needs eval.suites); threshold None = the default; "
         "window in steps (>= 3, default 5); after_step: quiet until then. See docs/evals.md.",
     )
+    no_signal_steps: int = Field(
+        5, ge=0, description="Steps in a row without a learning signal (no group's rewards differ, or every reward "
+        "failed) before the zero-signal alarm fires: said on the progress line, in metrics (alarm/no_signal) and "
+        "through ops.notify (no_signal); 0 = off.",
+    )
+    no_signal_action: Literal["stop", "warn"] = Field(
+        "stop", description="What the zero-signal alarm does: stop (exit 77, a checkpoint of the last step) or warn "
+        "(the run goes on).",
+    )
     repetition_n: int = Field(3, ge=1, description="n of the n-gram repetition rate (tokens).")
     heldout_problems: int = Field(
         64, ge=0, description="proxy_gold: after every step, greedy completions of this many fixed held-out problems "

@@ -23,6 +23,8 @@ EVENTS = {
     "hang_detected": "a remote call ran far past its recent median",
     "hang_recovered": "the hung actor was restarted and its work redone",
     "alarm_fired": "a reward-hacking alarm fired (alarms.rules)",
+    "no_signal": "no learning signal for alarms.no_signal_steps steps in a row (no group's rewards differ, or every "
+                 "reward failed)",
     "gate_regressed": "the in-loop eval gate found a checkpoint significantly worse than the previous or the best",
 }
 SLACK_HOST = "hooks.slack.com"

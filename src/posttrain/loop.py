@@ -18,6 +18,7 @@ from posttrain.orchestration.reform import NodeWatch, create_roles_or_wait, node
 from posttrain.orchestration.watchdog import Watchdog
 from posttrain.evals.alarm_wiring import LoopAlarms, after_step_evals_and_alarms
 from posttrain.evals.in_loop import InLoopEval
+from posttrain.evals.no_signal import NoLearningSignal, NoSignalWatch
 from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
 from posttrain.models.lora import check_lora_targets, check_resume_kind
 from posttrain.preemption import (ASSUMED_CHECKPOINT_BYTES_PER_S, ClusterStopped, Preempted, StepAbandoned,
@@ -158,6 +159,15 @@ def stopped_without_checkpoint(cfg: RunConfig, error: BaseException) -> StoppedW
     command = resume_command(cfg) if newest else f"posttrain train {(cfg.run_dir / 'config.yaml').resolve()}"
     return StoppedWithoutCheckpoint(why, signal_name, newest, int(newest.name[len(ckpt.PREFIX):]) if newest else None,
                                     command)
+
+
+def stop_without_signal(cfg: RunConfig, roles, state: RunState, last_ckpt_step: int, message: str) -> NoLearningSignal:
+    """The zero-signal alarm's stop (evals/no_signal.py): a checkpoint of the step, and the exception that makes the
+    CLI exit with EXIT_NO_SIGNAL."""
+    saved = (save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step
+             else ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints"))
+    return NoLearningSignal(f"stopped at step {state.step}: {message}; checkpoint {saved}. To go on anyway, "
+                            f"{resume_command(cfg)} alarms.no_signal_action=warn")
 
 
 def load_resume_state(cfg: RunConfig, warn, data: str | None = None, rows: int | None = None,
@@ -327,6 +337,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
 
         ahead = OneStepOffRollout(cfg, sampler, encoder)
     alarms = LoopAlarms(cfg, tokenizer, notify)  # reward-hacking alarms (alarms.rules), fed every step
+    no_signal = NoSignalWatch(cfg.alarms.no_signal_steps, cfg.alarms.no_signal_action, notify, bar.log)
     in_loop = stopped_by = reached = None
 
     started_ray = not ray.is_initialized()
@@ -391,12 +402,15 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
                     bar.log(f"held-out accuracy {acc:.3f} at step {state.step} reached eval.stop_at_accuracy="
                             f"{cfg.eval.stop_at_accuracy}: the run ends here")
             record.update(alarms.observe(record, [s[1] for s in samples["samples"]], [s[2] for s in samples["samples"]]))
+            nothing_learned = no_signal.after_step(record, len(samples["samples"]))  # the zero-signal alarm
             writer.write(record)
             reward_budget.check(record, samples)
             bar.update(state.step, reward=record["reward_mean"], acc=record["accuracy"], **{"tok/s": int(record["tokens_per_s"])})
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.train.steps:
                 writer.log_checkpoint(state.step, timed_checkpoint(cfg, roles, state, stop_signals))
                 last_ckpt_step = state.step
+            if nothing_learned:
+                raise stop_without_signal(cfg, roles, state, last_ckpt_step, nothing_learned)
             stopped_by = after_step_evals_and_alarms(cfg, roles, state.step, last_ckpt_step, in_loop, alarms, writer,
                                                      bar.log)
             if stopped_by or reached:

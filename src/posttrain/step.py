@@ -54,6 +54,15 @@ def signal_groups(cfg: RunConfig, samples: StepSamples) -> list[bool]:
     return nonzero_variance_groups(shaped_rewards(cfg, samples), a.group_size).tolist()
 
 
+def signal_share(cfg: RunConfig, samples: StepSamples) -> float:
+    """Share of the step's groups whose shaped rewards differ (for algorithms without groups: 1.0 when any two
+    rewards of the batch differ), whatever algorithm.skip_zero_variance_groups says: the zero-signal alarm's input."""
+    rewards = shaped_rewards(cfg, samples)
+    if not uses_groups(cfg.algorithm):
+        return float(len(rewards) > 1 and float(rewards.max() - rewards.min()) > 0)
+    return float(nonzero_variance_groups(rewards, cfg.algorithm.group_size).float().mean())
+
+
 def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: PromptEncoder) -> tuple[dict, dict]:
     """One RL step; returns its metrics (including where its wall time went) and its samples
     (id, completion text, reward) for runs/<name>/samples.jsonl."""
@@ -130,6 +139,7 @@ def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_
         "accuracy": float((torch.tensor(generated.verifier) >= 1.0).float().mean()),
         "response_length": gen_tokens / len(generated),
         "kept_groups": len(train_set) // n,
+        "signal_share": signal_share(cfg, generated),
         "rollout_rounds": rounds,
         "reward_failures": failures,
         **failure_counts(generated.errors),
