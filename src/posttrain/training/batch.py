@@ -130,8 +130,9 @@ def at_completion_positions(per_position: torch.Tensor, batch: PackedBatch) -> t
 
 
 def completion_logprobs(model, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = False):
-    """Per-token logprobs [B, T] of the completion tokens (0 where masked), and optionally entropy [B, T]."""
-    if batch.packed_rows:
+    """Per-token logprobs [B, T] of the completion tokens (0 where masked), and optionally entropy [B, T]. Through
+    the head in chunks (`head_logprobs`) wherever the model's head splits off; else the whole [B, T, V] logits."""
+    if batch.packed_rows or split_head(model) is not None:
         return trained_token_logprobs(model, batch, temperature, with_entropy)
     logits = completion_logits(model, batch, temperature)
     lp = token_logprobs(logits, batch.targets) * batch.completion_mask
@@ -146,10 +147,55 @@ def trained_token_logprobs(model, batch: PackedBatch, temperature: float = 1.0, 
     [B, T]. What packed rows run; padded rows can too (benchmarks/packing.py measures the two levers apart)."""
     where = batch.completion_mask != 0
     mask = batch.completion_mask[where]
-    logits = completion_logits(model, batch, temperature, where)
-    trained = token_logprobs(logits, batch.targets[where]) * mask
+    split = split_head(model)
+    if split is None:
+        logits = completion_logits(model, batch, temperature, where)
+        trained = token_logprobs(logits, batch.targets[where])
+        entropy = token_entropy(logits.detach()) if with_entropy else None
+    else:
+        body, head = split
+        hidden = forward_at_completion_positions(lambda **kw: body(**kw).last_hidden_state, batch, where)
+        trained, entropy = head_logprobs(head, hidden, batch.targets[where], temperature, with_entropy)
+    trained = trained * mask
     zeros = torch.zeros(where.shape, dtype=trained.dtype)  # float32, or float64 under model.dtype=float64
     lp = zeros.masked_scatter(where, trained)
     if with_entropy:
-        return lp, zeros.masked_scatter(where, token_entropy(logits.detach()) * mask)
+        return lp, zeros.masked_scatter(where, entropy * mask)
     return lp
+
+
+# Tokens whose [tokens, vocabulary] logits exist at once in `head_logprobs`: 512 x 49,152 (SmolLM2's vocabulary) x
+# 4 bytes = 0.1 GB a tensor, where a step's 64 completions of 60 tokens would hold 0.75 GB in each of the logits,
+# their log-softmax and the gradient, kept for the backward.
+HEAD_CHUNK_TOKENS = 512
+
+
+def _chunk_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    logits = head(hidden)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    entropy = token_entropy(logits.detach()) if with_entropy else torch.zeros(0, dtype=logits.dtype)
+    return token_logprobs(logits, targets), entropy
+
+
+def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                  with_entropy: bool = False, chunk: int | None = None):
+    """The LM head, log-softmax and the target's logprob over [N, D] hidden states in chunks of `chunk` tokens
+    (default HEAD_CHUNK_TOKENS):
+    ([N] logprobs, [N] entropies or None). With gradients on, each chunk is checkpointed: the backward recomputes
+    its logits from the chunk's hidden states instead of keeping [N, V] logits and log-softmax from the forward, so
+    at most one chunk's [chunk, V] tensors exist at a time (the recompute costs one more head matmul per chunk).
+    The gradients are the unchunked path's (tested in float64)."""
+    from torch.utils.checkpoint import checkpoint
+
+    chunk = chunk or HEAD_CHUNK_TOKENS  # read at call time: the tests set a small one
+    grads = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    parts = []
+    for s in range(0, hidden.shape[0], chunk):
+        args = (head, hidden[s:s + chunk], targets[s:s + chunk], temperature, with_entropy)
+        parts.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grads else _chunk_logprobs(*args))
+    if not parts:
+        empty = hidden.new_zeros(0)
+        return empty, (empty if with_entropy else None)
+    lp = torch.cat([p[0] for p in parts])
+    return lp, (torch.cat([p[1] for p in parts]) if with_entropy else None)
