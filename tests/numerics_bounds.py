@@ -88,3 +88,9 @@ def _flat(v) -> torch.Tensor:
         parts = [_flat(x) for x in v]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
     return torch.tensor([float(v)], dtype=torch.float64)
+
+
+def f64(data, **kwargs) -> torch.Tensor:
+    """torch.tensor(data) in float64, for hand-worked numbers checked at abs 1e-6: a float32 sum of n terms may be
+    n * EPS32 * sum|x| off (1e-6 for 4 terms of size 4), float64's 1e-15 on the same is exact enough on any CPU."""
+    return torch.tensor(data, dtype=torch.float64, **kwargs)

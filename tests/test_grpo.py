@@ -1,9 +1,11 @@
-"""GRPO advantages and loss against numbers worked out by hand (see the comments for the arithmetic)."""
+"""GRPO advantages and loss against numbers worked out by hand (see the comments for the arithmetic).
+The tensors are float64 (numerics_bounds.f64): float32's rounding could reach the abs 1e-6 on some CPUs' kernels."""
 
 import math
 
 import pytest
 import torch
+from numerics_bounds import f64
 
 from posttrain.algorithms.common import aggregate, kl_k3
 from posttrain.algorithms.grpo import clipped_policy_loss, group_advantages, nonzero_variance_groups
@@ -12,8 +14,9 @@ from posttrain.algorithms.grpo import clipped_policy_loss, group_advantages, non
 def test_group_advantages_by_hand():
     # group 1: [1,0,0,1], mean .5, unbiased std sqrt(4*.25/3)=0.57735 -> +-0.866025
     # group 2: [1,1,1,1], all equal -> 0
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    rewards = f64([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     adv = group_advantages(rewards, 4)
+    assert adv.dtype == torch.float64
     expected = [0.866025, -0.866025, -0.866025, 0.866025, 0, 0, 0, 0]
     assert adv.tolist() == pytest.approx(expected, abs=1e-5)
     assert nonzero_variance_groups(rewards, 4).tolist() == [True, False]
@@ -21,22 +24,22 @@ def test_group_advantages_by_hand():
 
 def test_group_advantages_without_std_scaling():
     # Dr.GRPO-style: only centred. [0.2, 0.6] -> mean .4 -> [-.2, .2]
-    adv = group_advantages(torch.tensor([0.2, 0.6]), 2, scale=False)
+    adv = group_advantages(f64([0.2, 0.6]), 2, scale=False)
     assert adv.tolist() == pytest.approx([-0.2, 0.2], abs=1e-6)
 
 
 def test_group_advantages_rejects_ragged_groups():
     with pytest.raises(ValueError):
-        group_advantages(torch.tensor([1.0, 0.0, 1.0]), 2)
+        group_advantages(f64([1.0, 0.0, 1.0]), 2)
 
 
 def _example():
     ln = math.log
-    logprobs = torch.tensor([[ln(0.5), ln(0.5)], [ln(0.9), 0.0]], requires_grad=True)
-    old = torch.tensor([[ln(0.4), ln(0.5)], [ln(0.5), 0.0]])
-    ref = torch.tensor([[ln(0.25), ln(0.5)], [ln(0.45), 0.0]])
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    adv = torch.tensor([1.0, -1.0])
+    logprobs = f64([[ln(0.5), ln(0.5)], [ln(0.9), 0.0]], requires_grad=True)
+    old = f64([[ln(0.4), ln(0.5)], [ln(0.5), 0.0]])
+    ref = f64([[ln(0.25), ln(0.5)], [ln(0.45), 0.0]])
+    mask = f64([[1.0, 1.0], [1.0, 0.0]])
+    adv = f64([1.0, -1.0])
     return logprobs, old, ref, mask, adv
 
 
@@ -47,6 +50,7 @@ def test_clipped_loss_token_aggregation_by_hand():
     # token mean: (-1.2 - 1.0 + 1.8) / 3 = -0.133333
     logprobs, old, _, mask, adv = _example()
     out = clipped_policy_loss(logprobs, old, adv, mask, clip_eps=0.2, agg="token")
+    assert out.loss.dtype == torch.float64
     assert float(out.loss.detach()) == pytest.approx(-0.4 / 3, abs=1e-6)
     assert float(out.clip_fraction) == pytest.approx(1 / 3, abs=1e-6)
     out.loss.backward()
@@ -73,15 +77,15 @@ def test_k3_kl_term_by_hand():
 
 def test_asymmetric_clip_higher():
     # ratio 1.25, A=+1, clip high 0.28 -> not clipped: -1.25
-    lp = torch.tensor([[math.log(0.5)]])
-    old = torch.tensor([[math.log(0.4)]])
-    out = clipped_policy_loss(lp, old, torch.tensor([1.0]), torch.ones(1, 1), clip_eps=0.2, clip_eps_high=0.28)
+    lp = f64([[math.log(0.5)]])
+    old = f64([[math.log(0.4)]])
+    out = clipped_policy_loss(lp, old, f64([1.0]), f64([[1.0]]), clip_eps=0.2, clip_eps_high=0.28)
     assert float(out.loss.detach()) == pytest.approx(-1.25, abs=1e-6)
 
 
 def test_aggregate_ignores_masked_tokens():
-    values = torch.tensor([[1.0, 100.0], [3.0, 5.0]])
-    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    values = f64([[1.0, 100.0], [3.0, 5.0]])
+    mask = f64([[1.0, 0.0], [1.0, 1.0]])
     assert float(aggregate(values, mask, "token")) == pytest.approx(3.0)  # (1+3+5)/3
     assert float(aggregate(values, mask, "sequence")) == pytest.approx(2.5)  # (1 + 4)/2
 

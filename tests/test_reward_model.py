@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from numerics_bounds import assert_same, f64
 
 from posttrain.config import load_config
 from posttrain.errors import PosttrainError
@@ -18,13 +19,14 @@ from posttrain.tasks import load_task
 
 
 def test_bradley_terry_loss_by_hand():
-    r_c, r_r = torch.tensor([2.0, 0.0]), torch.tensor([0.0, 0.0])
+    r_c, r_r = f64([2.0, 0.0]), f64([0.0, 0.0])
+    assert bradley_terry_loss(r_c, r_r).dtype == torch.float64
     # -log sigmoid(2) = log(1 + e^-2) = 0.126928 ; -log sigmoid(0) = log 2 = 0.693147 ; mean 0.410038
     assert float(bradley_terry_loss(r_c, r_r)) == pytest.approx(0.410038, abs=1e-5)
     # margin 1: -log sigmoid(1) = 0.313262 ; -log sigmoid(-1) = 1.313262 ; mean 0.813262
     assert float(bradley_terry_loss(r_c, r_r, margin=1.0)) == pytest.approx(0.813262, abs=1e-5)
     # per-pair margins [0, 1]: (0.126928 + 1.313262) / 2 = 0.720095
-    assert float(bradley_terry_loss(r_c, r_r, margin=torch.tensor([0.0, 1.0]))) == pytest.approx(0.720095, abs=1e-5)
+    assert float(bradley_terry_loss(r_c, r_r, margin=f64([0.0, 1.0]))) == pytest.approx(0.720095, abs=1e-5)
     # centering 0.5 * mean((2+0)^2, (0+0)^2) = 0.5 * 2 = 1.0 on top
     assert float(bradley_terry_loss(r_c, r_r, center_coef=0.5)) == pytest.approx(1.410038, abs=1e-5)
     # the gradient pushes chosen up and rejected down: d/dr_c = -(1 - sigmoid(d)) / N
@@ -117,8 +119,12 @@ def test_rm_train_saves_a_model_transformers_loads(tmp_path, tiny_model_dir):
     assert result.heldout_accuracy > 0.55, result.history   # above chance after 2 short epochs
     stats = json.loads((tmp_path / "rm" / STATS_FILE).read_text())
     assert stats["std"] > 0 and stats["heldout_accuracy"] == result.heldout_accuracy
-    model = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm"))
+    # Loaded in float64 for the checks below, which compare scores of other batch shapes: in float32 they differ by
+    # rounding whose size depends on the CPU's kernels (docs/numerics.md). sdpa runs in the model's dtype (eager
+    # attention would take its softmax in float32).
+    model = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm"), dtype=torch.float64)
     assert model.config.num_labels == 1 and model.config.pad_token_id is not None
+    assert model.config._attn_implementation == "sdpa"
     enc = PromptEncoder(load_tokenizer(tmp_path / "rm"))
     seqs = [encode_sample(enc, "12+34=", "46", 128), encode_sample(enc, "12+34=", "xyz", 128)]
     with torch.no_grad():
@@ -127,13 +133,15 @@ def test_rm_train_saves_a_model_transformers_loads(tmp_path, tiny_model_dir):
     # the score of a sequence does not depend on the padding it shares a batch with
     with torch.no_grad():
         alone = scores(model, seqs[1:], enc.tokenizer.pad_token_id)
-    assert float(alone[0]) == pytest.approx(float(out[1]), abs=1e-4)
+    assert_same(alone[0], out[1], "a score alone vs in a padded batch")
     # the loop's RewardModel (a plain class; Ray makes it an actor) scores texts the same way, normalized
     from posttrain.rewards.reward_model import RewardModel
 
     rm = RewardModel(str(tmp_path / "rm"))
+    rm.members[0].model.double()
     raw = rm.raw_scores([("12+34=", "46"), ("12+34=", "xyz")])
-    assert raw == pytest.approx(out.tolist(), abs=1e-4)
+    assert_same(raw, out, "RewardModel.raw_scores vs scores")
+    # float64 scores 1e-10 apart at most, divided by the std: abs 1e-5 holds for any std above 1e-5
     assert rm.score([("12+34=", "46")]) == pytest.approx([(raw[0] - stats["mean"]) / stats["std"]], abs=1e-5)
 
 

@@ -149,9 +149,11 @@ def test_reward_model_scorer_ranks_held_out_pairs(planted, tmp_path):
 
     print(f"\nproxy RM pairwise accuracy on 60 clean held-out gold pairs: {result.summary['mean']:.3f}")
     direct = RewardModel(cfg.reward.rm_path)  # the scores the loop's RM actor gives
-    chosen = direct.score([(p["prompt"], p["chosen"]) for p in pairs])
-    rejected = direct.score([(p["prompt"], p["rejected"]) for p in pairs])
-    assert [r["chosen_score"] for r in result.records] == pytest.approx(chosen, abs=1e-5)
+    # One pair per call, as the scorer calls it: the same float32 computation on the same shapes in one process,
+    # so equal bit for bit on any CPU (a padded batch of 60 would round in a kernel-dependent way: docs/numerics.md).
+    chosen = [direct.score([(p["prompt"], p["chosen"])])[0] for p in pairs]
+    rejected = [direct.score([(p["prompt"], p["rejected"])])[0] for p in pairs]
+    assert [r["chosen_score"] for r in result.records] == chosen
     expected = [1.0 if c > r else 0.5 if c == r else 0.0 for c, r in zip(chosen, rejected)]
     assert result.summary["n"] == 60 and result.summary["mean"] == pytest.approx(sum(expected) / 60)
 
@@ -186,11 +188,12 @@ def test_reward_model_ensemble_in_the_loop(ensemble_run, planted):
         if "alarm/rm_disagreement" in m:
             ev = m["alarm/rm_disagreement"]
             assert ev["now"] > 1.5 * ev["initial"] and ev["initial"] == pytest.approx(dis[0])
-    # the actor's ensemble score is the mean of the members' normalized scores, each member as scored alone
+    # the actor's ensemble score is the mean of the members' normalized scores, each member as scored alone. Each
+    # side scores the same 3 pairs in one batch of the same shape in this process: equal bit for bit on any CPU.
     pairs = [("12+34=", "46"), ("12+34=", "4666"), ("7+8=", "15")]
     both = RewardModel([ens.reward.rm_path, *ens.reward.rm_ensemble])
     members = both.member_scores(pairs)
-    assert members[0] == pytest.approx(RewardModel(ens.reward.rm_path).score(pairs), abs=1e-5)
-    assert members[1] == pytest.approx(RewardModel(ens.reward.rm_ensemble[0]).score(pairs), abs=1e-5)
-    assert both.score(pairs) == pytest.approx(ensemble_mean(members), abs=1e-6)
+    assert members[0] == RewardModel(ens.reward.rm_path).score(pairs)
+    assert members[1] == RewardModel(ens.reward.rm_ensemble[0]).score(pairs)
+    assert both.score(pairs) == ensemble_mean(members)
     assert max(ensemble_spread(members)) > 0  # two RMs trained on different pairs do not agree exactly

@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-from posttrain.algorithms.common import aggregate, kl_k3, masked_mean
+from posttrain.algorithms.common import aggregate, at_least_float32, kl_k3, masked_mean
 
 
 def group_advantages(
@@ -20,7 +20,7 @@ def group_advantages(
     """
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.float().view(-1, group_size)
+    grouped = at_least_float32(rewards).view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale:
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)

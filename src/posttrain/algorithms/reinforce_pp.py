@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.algorithms.common import masked_mean
+from posttrain.algorithms.common import at_least_float32, masked_mean
 
 
 def returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -20,10 +20,11 @@ def terminal_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Places each sequence's scalar reward on its last valid token: [B], [B, T] -> [B, T]. The mask may have holes
     (a multi-turn episode's environment and tool tokens): the reward goes on the last sampled token, not on
     position sum(mask) - 1."""
-    out = torch.zeros_like(mask, dtype=torch.float32)
+    rewards = at_least_float32(rewards)
+    out = torch.zeros_like(mask, dtype=rewards.dtype)
     positions = torch.arange(mask.shape[-1]).expand_as(mask)
     last = torch.where(mask > 0, positions, -1).amax(-1).clamp(min=0)
-    out[torch.arange(len(rewards)), last] = rewards.float() * (mask.sum(-1) > 0).float()
+    out[torch.arange(len(rewards)), last] = rewards * (mask.sum(-1) > 0).to(rewards.dtype)
     return out
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from posttrain.algorithms.common import at_least_float32
 from posttrain.models.loading import PromptEncoder, check_model_dir, load_tokenizer
 from posttrain.rewards.bradley_terry import bradley_terry_loss, mean_margin, pairwise_accuracy, reward_stats
 from posttrain.rewards.preferences import PreferencePair, Text, read_preferences
@@ -94,7 +95,7 @@ def split_heldout(n: int, fraction: float, seed: int) -> tuple[list[int], list[i
 def scores(model, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
     """Scalar reward per sequence [N]. The classifier reads the last non-pad token; sequences end in EOS."""
     ids, mask = pad_batch(seqs, pad_id)
-    return model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+    return at_least_float32(model(input_ids=ids, attention_mask=mask).logits[:, 0])
 
 
 def load_backbone(path: str | Path, field: str):
