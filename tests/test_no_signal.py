@@ -21,14 +21,28 @@ BIN = Path(sys.executable).parent
 
 def test_the_watch_counts_steps_in_a_row_and_resets_on_a_signal():
     watch = NoSignalWatch(steps=3)
-    # (signal share, failed samples, samples): empty, empty, a signal, empty x3 (fires at the third), all failed
-    seen = [watch.observe(0.0, 0, 8), watch.observe(0.0, 0, 8), watch.observe(0.25, 0, 8),
-            watch.observe(0.0, 0, 8), watch.observe(0.0, 0, 8), watch.observe(0.0, 0, 8), watch.observe(0.5, 8, 8)]
+    # (signal share, failed samples, samples, mean reward): empty, empty, a signal at mean 0.5, empty x3 below that
+    # best (fires at the third), all failed
+    seen = [watch.observe(0.0, 0, 8, 0.0), watch.observe(0.0, 0, 8, 0.0), watch.observe(0.25, 0, 8, 0.5),
+            watch.observe(0.0, 0, 8, 0.1), watch.observe(0.0, 0, 8, 0.1), watch.observe(0.0, 0, 8, 0.1),
+            watch.observe(0.5, 8, 8, 0.0)]
     assert [s is not None for s in seen] == [False, False, False, False, False, True, True]
     assert "for 3 steps in a row: no group's rewards differed" in seen[5]
     assert "for 4 steps in a row: every sample's reward failed" in seen[6]
     off = NoSignalWatch(steps=0)
     assert all(off.observe(0.0, 8, 8) is None for _ in range(10))
+
+
+def test_a_run_that_converged_at_its_best_reward_does_not_count_but_one_that_collapsed_does():
+    watch = NoSignalWatch(steps=2)
+    # (signal share, failures, samples, step mean reward): learning (a signal), then every group equal at the best
+    # mean so far (converged: not counted), then every group equal below it (collapsed: counted, fires at the 2nd)
+    assert watch.observe(0.5, 0, 8, 0.4) is None and watch.observe(0.25, 0, 8, 0.9) is None
+    assert [watch.observe(0.0, 0, 8, 0.9) for _ in range(3)] == [None, None, None] and watch.in_a_row == 0
+    assert watch.observe(0.0, 0, 8, 0.2) is None and watch.observe(0.0, 0, 8, 0.2) is not None
+    # never a signal: equal rewards count from the first step, whatever their level
+    fresh = NoSignalWatch(steps=2)
+    assert fresh.observe(0.0, 0, 8, 0.0) is None and fresh.observe(0.0, 0, 8, 0.0) is not None
 
 
 def _samples(rewards: list[float]) -> StepSamples:

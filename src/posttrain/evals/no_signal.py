@@ -1,6 +1,8 @@
 """The zero-signal alarm: a run whose steps carry no learning signal must never train on nothing silently. A step
 has no signal when no group's rewards differ (GRPO-family advantages are all zero; for algorithms without groups,
-when every reward of the batch is equal) or when every sample's reward failed. After `alarms.no_signal_steps` such
+when every reward of the batch is equal) or when every sample's reward failed. A run that had a signal and whose
+rewards then stopped differing at its best mean reward so far has converged, not stalled: such steps do not count
+(one whose rewards stopped differing below its best has collapsed, and they do). After `alarms.no_signal_steps` such
 steps in a row the run says so on the progress line, in metrics.jsonl (`alarm/no_signal`) and through ops.notify
 (`no_signal`), and stops with EXIT_NO_SIGNAL unless `alarms.no_signal_action: warn`. `posttrain probe` answers the
 same question before a run."""
@@ -29,11 +31,13 @@ class NoSignalWatch:
     notify: Callable = lambda event, **fields: None
     log: Callable = print
     in_a_row: int = 0
+    had_signal: bool = False
+    best_reward: float = float("-inf")  # the best step mean reward so far
 
     def after_step(self, record: dict, samples: int) -> str | None:
         """Feeds one step's metrics record; when the alarm fires, adds `alarm/no_signal` to the record, says so
         (the notification once per streak) and returns the message if the run must stop."""
-        message = self.observe(record["signal_share"], record["reward_failures"], samples)
+        message = self.observe(record["signal_share"], record["reward_failures"], samples, record["reward_mean"])
         if message is None:
             return None
         record["alarm/no_signal"] = {"steps": self.in_a_row, "action": self.action}
@@ -42,9 +46,12 @@ class NoSignalWatch:
             self.notify("no_signal", step=record["step"], steps=self.in_a_row, action=self.action, message=message)
         return message if self.action == "stop" else None
 
-    def observe(self, signal_share: float, failures: int, samples: int) -> str | None:
+    def observe(self, signal_share: float, failures: int, samples: int, reward_mean: float = 0.0) -> str | None:
         """The alarm's message once `steps` steps in a row had no signal (and at every such step after), else None."""
-        empty = signal_share == 0.0 or failures >= samples
+        converged = self.had_signal and reward_mean >= self.best_reward - 1e-9 and failures < samples
+        empty = (signal_share == 0.0 and not converged) or failures >= samples
+        self.had_signal = self.had_signal or signal_share > 0.0
+        self.best_reward = max(self.best_reward, reward_mean)
         self.in_a_row = self.in_a_row + 1 if empty else 0
         if not self.steps or self.in_a_row < self.steps:
             return None
