@@ -30,6 +30,8 @@ from posttrain.rollout.sampler import Cursor, PromptSampler, data_fingerprint
 from posttrain.tasks import load_task
 from posttrain.tracking import read_metrics
 
+from test_reliability_driver import _write_config as write_reliability_config  # noqa: E402
+
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
@@ -43,24 +45,20 @@ DIGIT_SHARE = ("def digit_share(prompt, completion):\n"
 
 
 def _write_config(tmp: Path, model_dir: str, name: str, sections: dict | None = None) -> Path:
+    """The reliability tests' config (test_reliability_driver._write_config), with a training split of exactly
+    PASS_STEPS steps' worth of prompts and a reward that varies within groups."""
     (tmp / "reward.py").write_text(DIGIT_SHARE)
-    cfg = {
-        "name": name, "runs_dir": str(tmp), "seed": 3,
-        "model": {"path": model_dir},
+    ours = {
         "task": {"train_size": PASS_STEPS * PROMPTS_PER_STEP, "heldout_size": 8},
-        "algorithm": {"prompts_per_step": PROMPTS_PER_STEP, "group_size": 4, "kl_coef": 0.0, "lr": 1e-3},
-        "rollout": {"engine": "hf", "num_workers": 1, "max_new_tokens": 8},
+        "algorithm": {"prompts_per_step": PROMPTS_PER_STEP},
+        "rollout": {"max_new_tokens": 8},
         "reward": {"functions": [{"name": "digit_share", "fn": f"{tmp / 'reward.py'}:digit_share"}]},
         "train": {"steps": STEPS},
-        "eval": {"every": 0, "max_new_tokens": 8},
-        "checkpoint": {"every": PASS_STEPS, "keep_last": 5},
-        "logging": {"progress": False},
+        "eval": {"max_new_tokens": 8},
+        "checkpoint": {"every": PASS_STEPS},
     }
-    for section, values in (sections or {}).items():
-        cfg[section] = {**cfg.get(section, {}), **values} if isinstance(values, dict) else values
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    extra = {k: {**ours.get(k, {}), **v} if isinstance(v, dict) else v for k, v in (sections or {}).items()}
+    return write_reliability_config(tmp, model_dir, name, {**ours, **extra})
 
 
 def _train(config: Path, *args: str, timeout: int = 300) -> tuple[int, str]:
