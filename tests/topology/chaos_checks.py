@@ -40,6 +40,7 @@ def config(model_dir: str, work: Path, name: str):
         pace, f"model.path={model_dir}", f"runs_dir={work / 'runs'}", f"name={name}", "task.heldout_size=8", "seed=7",
         "algorithm.group_size=8", "algorithm.prompts_per_step=16", "algorithm.skip_zero_variance_groups=false",
         "algorithm.kl_coef=0.02", "reward.weights={verifier: 1.0, length: 1.0}", "rollout.engine=hf",
+        "model.dtype=float64",  # chaos and straight runs alike: the comparison cannot depend on kernel choice
         f"train.steps={STEPS}", "eval.every=0", "checkpoint.every=10", "checkpoint.keep_last=10",
         "logging.progress=false", "topology.torch_threads=1", "rollout.num_workers=1..3",
         f"ray.address=127.0.0.1:{GCS_PORT}", "ops.hang_min_seconds=10", "ops.hang_factor=5",

@@ -5,8 +5,9 @@ and end where the same run without faults ends.
 
 Where exactness holds: the trainer sees the same token ids in the same order whatever happened (per-prompt seeds;
 a sample depends on its seed alone, not on which engine generated it), and every redo replays the same prompts and
-seeds; so the final weights equal the undisturbed run's bit for bit, unless an engine's float rounding changed a
-sampled token (a prompt batched with others pads differently): then the samples differ and the test says which."""
+seeds; so the final weights equal the undisturbed run's bit for bit. Both runs are in float64
+(`model.dtype=float64`, docs/numerics.md), so a prompt batched with others and padded differently cannot round a
+sampled token another way on any CPU; if samples ever differ, the test says which."""
 
 from __future__ import annotations
 
