@@ -26,10 +26,12 @@ from posttrain.config_reward import JudgeConfig, RewardConfig, RewardFunctionCon
 
 class ModelConfig(_Section):
     path: str = Field("runs/demo/sft-model", description="Local HF causal-LM directory (weights + tokenizer).")
-    dtype: Literal["float32", "bfloat16", "float16", "float64"] = Field(
-        "float32", description="Weights dtype for trainer, reference and engines. float64 is for numerics checks "
-        "(tests compare two computation paths where no CPU kernel choice can matter): the trainer, reference, critic "
-        "and the hf engine take it; vLLM does not.",
+    dtype: Literal["float32", "bfloat16", "auto", "float16", "float64"] = Field(
+        "float32", description="Weights dtype for trainer, reference and engines. bfloat16 needs a CPU with native "
+        "bfloat16 (AVX512-BF16 or AMX; refused at start elsewhere) and trains pure bfloat16 weights (see "
+        "docs/real-models.md); auto: bfloat16 for an engine on a CUDA GPU, float32 on CPU, decided where each role's "
+        "weights land. float64 is for numerics checks (tests compare two computation paths where no CPU kernel "
+        "choice can matter): the trainer, reference, critic and the hf engine take it; vLLM does not.",
     )
     chat_template: Literal["auto", "never"] = Field(
         "auto", description="auto: use the tokenizer's chat template when it has one; never: plain prompts."
@@ -73,10 +75,11 @@ class TaskConfig(_Section):
         "text after whitespace normalisation); false: warn. The count is in runs/<name>/data_report.json.",
     )
     max_digits: int = Field(3, ge=1, le=8, description="Longest operand (addition); sorting lists are up to max_digits+2 long.")
-    reward: Literal["exact", "digits", "python"] = Field(
+    reward: Literal["exact", "digits", "last_number", "python"] = Field(
         "exact",
         description="exact: 1 for the exact answer, else 0; digits: share of answer digits right (aligned from the "
-        "right, 1 only for the exact answer); python: the completion is a program run in the sandbox "
+        "right, 1 only for the exact answer); last_number: 1 when the completion's last number is the answer ('The "
+        "answer is 12.'); python: the completion is a program run in the sandbox "
         "(rewards/sandbox.py), 1 when it prints the answer. Held-out accuracy counts reward 1 as solved.",
     )
 
@@ -320,6 +323,17 @@ class TrainConfig(_Section):
         "(position ids restart per sequence, attention stays within it; the LM head over trained tokens only) "
         "instead of each padded to the longest: logprobs equal within 1e-5 in float32, 0.24-0.80x the time at mixed "
         "lengths, the same at uniform ones (benchmarks/results/packing.json). false = padded rows.",
+    )
+    micro_batch: int | None = Field(
+        None, gt=0, description="Sequences per forward/backward pass: each minibatch's gradient is accumulated over "
+        "micro-batches of this many sequences, each loss weighted by its share of the minibatch's (tokens for "
+        "loss_agg=token, sequences otherwise), so the step is the whole minibatch's within float error while the "
+        "trainer holds one micro-batch's activations at a time (SmolLM2-135M, 64 samples: docs/real-models.md). "
+        "None = the whole minibatch in one pass.",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="The policy keeps only each decoder layer's input for the backward and recomputes the "
+        "rest (transformers' gradient checkpointing): less activation memory for one more forward of the body.",
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from posttrain.config import RunConfig
 from posttrain.errors import PosttrainError
 from posttrain.probe_stats import (SourceStats, Verdict, expected_signal_share, pass_at, signal_share, source_stats,
-                                   verdict)
+                                   trainer_peak_text, verdict)
 from posttrain.training.trainer import TrainBatch
 
 PROBE_STEP = 2**22 - 1  # the sampling seeds' step field: one no run step reaches, so the probe's draws are its own
@@ -62,9 +62,11 @@ def weighted_sources(cfg: RunConfig) -> set[str]:
 
 
 def measure_train_step(cfg: RunConfig, prompts: list[list[int]], comps, rewards: list[float], k: int) -> dict:
-    """One policy update of the configured run's size, by the run's own Trainer actor on the probe's samples (cycled
-    to prompts_per_step x group_size): its wall time and the actor's peak resident memory (VmHWM, the embedded
-    cluster's process on this machine). The update is thrown away with the actor."""
+    """Two policy updates of the configured run's size, by the run's own Trainer actor on the probe's samples (cycled
+    to prompts_per_step x group_size): the second's wall time and the actor's peak resident memory over both
+    (VmHWM, the embedded cluster's process on this machine). Two, because AdamW's states appear in the first
+    update's optimizer step, after its activations are gone: from the second on a step holds both, as a run's do.
+    The updates are thrown away with the actor."""
     import ray
 
     from posttrain.training.trainer import Trainer
@@ -82,6 +84,8 @@ def measure_train_step(cfg: RunConfig, prompts: list[list[int]], comps, rewards:
         cfg.to_dict(), cfg.model.path)
     try:
         pid = ray.get(trainer.process.remote())["pid"]
+        first = time.perf_counter()
+        ray.get(trainer.train_step.remote(batch))
         started = time.perf_counter()
         ray.get(trainer.train_step.remote(batch))
         seconds = time.perf_counter() - started
@@ -89,21 +93,43 @@ def measure_train_step(cfg: RunConfig, prompts: list[list[int]], comps, rewards:
                        if line.startswith("VmHWM:"))
     finally:
         ray.kill(trainer)
-    return {"samples": n, "train_s": round(seconds, 2), "trainer_peak_gb": round(peak_kb * 1024 / 1e9, 2)}
+    tokens = sum(len(p) + len(c) for p, c in zip(batch.prompts, batch.completions)) / n
+    return {"samples": n, "train_s": round(seconds, 2), "first_train_s": round(started - first, 2),
+            "trainer_peak_gb": round(peak_kb * 1024 / 1e9, 2), "tokens_per_sample": round(tokens, 1)}
 
 
 def step_estimate(cfg: RunConfig, gen_seconds_per_sample: float, train: dict | None) -> dict:
     """One step of the configured run: generation scaled from the probe's measured time per sample, and the
     measured policy update (measure_train_step) with the trainer's peak memory; the planner's memory model of the
-    trainer beside it (16 bytes a parameter: float32 weights, gradients, AdamW's two moments)."""
+    trainer beside it (topology/memory.py::cpu_trainer_peak_bytes at the run's micro-batch and these samples'
+    mean length)."""
+    from posttrain.topology.memory import train_state_bytes
     from posttrain.topology.model_shape import read_model_shape
 
     a = cfg.algorithm
-    params = read_model_shape(cfg.model.path).params
-    out = {"samples": a.prompts_per_step * a.group_size, "params": params,
+    shape = read_model_shape(cfg.model.path)
+    out = {"samples": a.prompts_per_step * a.group_size, "params": shape.params,
            "generate_s": round(gen_seconds_per_sample * a.prompts_per_step * a.group_size, 2),
-           "weights_grads_adam_gb": round(16 * params / 1e9, 2)}
+           "weights_grads_adam_gb": round(train_state_bytes(shape, "float32") / 1e9, 2)}
+    if train:
+        predicted = predicted_trainer_peak(cfg, shape, train["tokens_per_sample"])
+        out["trainer_peak_predicted_gb"] = round(predicted / 1e9, 2)
     return {**out, **(train or {})}
+
+
+def predicted_trainer_peak(cfg: RunConfig, shape, tokens_per_sample: float) -> float:
+    """The planner's trainer peak (bytes) for this run: one micro-batch (train.micro_batch rows, else the whole
+    minibatch) of samples of the mean length, packed (train.packing) or padded alike."""
+    from posttrain.topology.memory import BYTES_PER_ELEMENT, cpu_trainer_peak_bytes
+    from posttrain.training import batch
+
+    a, t = cfg.algorithm, cfg.train
+    n = a.prompts_per_step * a.group_size
+    rows = n // a.minibatches if n >= a.minibatches else n
+    tokens = round(tokens_per_sample * min(rows, t.micro_batch or rows))
+    dtype = cfg.model.dtype if cfg.model.dtype in BYTES_PER_ELEMENT else "float32"  # auto: as the checkpoint, mostly
+    return sum(cpu_trainer_peak_bytes(shape, tokens, dtype, t.activation_checkpointing,
+                                      batch.HEAD_CHUNK_TOKENS).values())
 
 
 def _prepare(cfg: RunConfig):
@@ -253,8 +279,9 @@ def report_text(r: ProbeReport) -> str:
     if r.expected_signal_share is not None:
         lines.append(f"expected at the run's group_size={r.group_size}: {100 * r.expected_signal_share:.0f}% of groups")
     e = r.step_estimate
-    train = (f"the policy update {e['train_s']:.1f} s (measured: the run's trainer on these samples), trainer peak "
-             f"memory {e['trainer_peak_gb']:.2f} GB" if "train_s" in e else "the update not measured")
+    train = (f"the policy update {e['train_s']:.1f} s (measured: the run's trainer on these samples), "
+             + trainer_peak_text(e['trainer_peak_gb'], e.get('trainer_peak_predicted_gb'))
+             if "train_s" in e else "the update not measured")
     lines += [f"completions: mean {r.mean_completion_tokens:.1f} tokens, {100 * r.cut_share:.0f}% cut at "
               f"max_new_tokens; {r.tokens_per_s:.0f} tokens/s generated",
               f"one step of the run ({e['samples']} samples): generation ~{e['generate_s']:.1f} s (scaled from "

@@ -93,3 +93,12 @@ def verdict(signal: float, pass1: float, cut: float, failure_share: float, k: in
         return Verdict("too-easy", f"pass@1 is {100 * pass1:.0f}%: little is left to learn on these prompts",
                        steps + ["use harder prompts, or evaluate whether training is needed at all"])
     return Verdict("ok", f"{100 * signal:.0f}% of the prompts carry a learning signal: RL should work", steps)
+
+
+def trainer_peak_text(measured_gb: float, predicted_gb: float | None) -> str:
+    """'trainer peak 3.10 GB measured, 2.90 GB predicted (-6%)': the measured peak resident memory beside the
+    planner's prediction, the gap as a share of the measurement."""
+    text = f"trainer peak {measured_gb:.2f} GB measured"
+    if predicted_gb is None or measured_gb <= 0:
+        return text
+    return text + f", {predicted_gb:.2f} GB predicted ({100 * (predicted_gb - measured_gb) / measured_gb:+.0f}%)"

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from posttrain.algorithms.grpo import clipped_policy_loss
 from posttrain.orchestration.faults import maybe_wedge
+from posttrain.training.accumulation import loss_share, micro_batches
 from posttrain.training.batch import completion_logprobs
 from posttrain.training.trainer import TRAINER_STATE, Trainer, TrainBatch, _jsonable, _select, _tuplify
 
@@ -47,14 +48,13 @@ def rank_rows(idx: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return torch.tensor_split(idx, world_size)[rank]
 
 
-def loss_share(local_mask: torch.Tensor, minibatch_mask: torch.Tensor, agg: str) -> float:
-    """Weight of a rank's loss so that the ranks' weighted losses sum to the minibatch's loss. `token` averages over
-    every token of the minibatch, so a share is local tokens / minibatch tokens; `sequence` and `constant` average
-    over sequences, so it is local sequences / minibatch sequences. Masks: [rows, T]."""
-    if agg == "token":
-        total = float(minibatch_mask.sum())
-        return float(local_mask.sum()) / total if total else 0.0
-    return local_mask.shape[0] / minibatch_mask.shape[0]
+def rank_micro_batches(local: torch.Tensor, most_rows: int, size: int | None) -> list[torch.Tensor]:
+    """A rank's rows of a minibatch in micro-batches of `size` (accumulation.micro_batches), padded with empty ones
+    to the count of the rank with the most rows (`most_rows`), so that every rank runs as many forwards and
+    backwards."""
+    parts = micro_batches(local, size)
+    count = 1 if size is None else max(1, -(-most_rows // size))
+    return parts + [local[:0]] * (count - len(parts))
 
 
 def free_port() -> int:
@@ -147,29 +147,31 @@ class ShardedTrainer(Trainer):
             order = torch.randperm(n)  # the same on every rank: they share the RNG state
             for start in range(0, n, mb_size):
                 idx = order[start : start + mb_size]
-                local = rank_rows(idx, r, W)
-                rows = _nonempty(local)
-                sub = _select(packed, rows)
-                out = clipped_policy_loss(
-                    completion_logprobs(self.model, sub, temp), old_lp[rows], advantages[rows], sub.completion_mask,
-                    clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
-                    ref_logprobs=ref[rows] if ref is not None else None, kl_coef=kl_loss_coef, agg=a.loss_agg,
-                    agg_constant=x.agg_constant,
-                )
-                share = loss_share(mask[local], mask[idx], a.loss_agg) if len(local) else 0.0
-                tokens = float(mask[local].sum()) / max(float(mask[idx].sum()), 1.0) if len(local) else 0.0
                 self.optimizer.zero_grad(set_to_none=True)
-                # FSDP averages gradients over ranks (with LoRA, average_gradients does); times W makes it the sum of
-                # the shares.
-                (out.loss * (share * W)).backward()
+                parts = torch.zeros(5, dtype=torch.float64)
+                # The rank's rows in micro-batches (train.micro_batch), as many on every rank (FSDP's collectives).
+                for local in rank_micro_batches(rank_rows(idx, r, W), -(-len(idx) // W), self.cfg.train.micro_batch):
+                    rows = _nonempty(local)
+                    sub = _select(packed, rows)
+                    out = clipped_policy_loss(
+                        completion_logprobs(self.model, sub, temp), old_lp[rows], advantages[rows],
+                        sub.completion_mask, clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
+                        ref_logprobs=ref[rows] if ref is not None else None, kl_coef=kl_loss_coef, agg=a.loss_agg,
+                        agg_constant=x.agg_constant,
+                    )
+                    share = loss_share(mask[local], mask[idx], a.loss_agg) if len(local) else 0.0
+                    tokens = loss_share(mask[local], mask[idx], "token") if len(local) else 0.0
+                    # FSDP averages gradients over ranks (with LoRA, average_gradients does); times W makes it the
+                    # sum of the shares.
+                    (out.loss * (share * W)).backward()
+                    # Loss terms weigh by the loss share; per-token means (kl, clip, ratio) by the token share.
+                    parts += torch.stack([out.loss.detach() * share, out.policy_loss * share, out.kl * tokens,
+                                          out.clip_fraction * tokens, out.ratio_mean * tokens]).double()
                 if self.lora is not None:
                     average_gradients(self.trained, W)
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
                 self.optimizer.step()
                 self.updates += 1
-                # Loss terms weigh by the loss share; per-token means (kl, clip, ratio) by the token share.
-                parts = torch.stack([out.loss.detach() * share, out.policy_loss * share, out.kl * tokens,
-                                     out.clip_fraction * tokens, out.ratio_mean * tokens]).double()
                 dist.all_reduce(parts)
                 for k, v in zip(("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"), parts.tolist()):
                     stats[k].append(v)

@@ -18,6 +18,7 @@ from posttrain.models.loading import load_causal_lm
 from posttrain.orchestration.faults import maybe_wedge
 from posttrain.orchestration.stacks import ActorProcess
 from posttrain.algorithms.off_policy import behaviour_logprobs
+from posttrain.training.accumulation import loss_share, micro_batches
 from posttrain.training.batch import PackedBatch, completion_logprobs, pack
 
 TRAINER_STATE = "trainer_state.pt"
@@ -88,6 +89,8 @@ class Trainer(ActorProcess):
             # which base the adapter belongs to: --resume and export check it (models/lora.py)
             self.lora_base = {"model_path": str(model_dir), "model_hash": model_content_hash(model_dir)}
         self.model.train()
+        if self.cfg.train.activation_checkpointing:  # each layer's input kept, the rest recomputed in the backward
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         a = self.cfg.algorithm
         self.optimizer = torch.optim.AdamW(  # with LoRA only the adapters require grad
             [p for p in self.model.parameters() if p.requires_grad], lr=a.lr, betas=tuple(a.betas),
@@ -122,63 +125,32 @@ class Trainer(ActorProcess):
     def train_step(self, batch: TrainBatch) -> dict:
         maybe_wedge("train")  # a recovery test's hang (orchestration/faults.py); nothing otherwise
         a = self.cfg.algorithm
-        temp = self.cfg.rollout.temperature or 1.0
         x = self._step_inputs(batch)
-        packed, mask, advantages, kl_loss_coef, ref, engine_lp, lr = (
-            x.packed, x.mask, x.advantages, x.kl_loss_coef, x.ref, x.engine_lp, x.lr)
+        n, T = x.mask.shape
         t0 = time.perf_counter()
         # One update on the whole batch: the gradient pass's own logprobs are the pre-update ones (ratio 1), so the
         # separate no-grad forward would be a third of the step's compute spent on a copy (as TRL skips it too).
         single_pass = a.updates_per_batch == 1 and a.minibatches == 1
-        old_lp = entropy = None
-        if not single_pass:
-            self.model.eval()  # no dropout in these models, but be explicit: old logprobs come from the same function
-            with torch.no_grad():
-                old_lp, entropy = completion_logprobs(self.model, packed, temp, with_entropy=True)
-            self.model.train()
-        trainer_lp = old_lp
+        if single_pass:  # filled by the gradient pass, micro-batch by micro-batch
+            trainer_lp = torch.zeros(n, T, dtype=values_dtype(self.cfg))
+            entropy = torch.zeros(n, T, dtype=values_dtype(self.cfg))
+        else:
+            trainer_lp, entropy = self._pre_update_logprobs(x.packed)
+        old_lp = trainer_lp
         if self.cfg.rollout.async_one_step_off:
             # One step off: the samples came from the previous weights; the ratio is against that behaviour policy,
             # whose logprobs the engine returned (raw = behaviour at temperature 1, top_p 1, which the config checks).
-            old_lp = behaviour_logprobs(engine_lp, mask)
-        n = len(batch.completions)
+            old_lp = behaviour_logprobs(x.engine_lp, x.mask)
+        record = (trainer_lp, entropy) if single_pass else None
         mb_size = n // a.minibatches if n >= a.minibatches else n
-        stats: dict[str, list[float]] = {"loss": [], "policy_loss": [], "kl": [], "clip_fraction": [], "grad_norm": [], "ratio_mean": []}
+        stats: dict[str, list[float]] = {}
         for _ in range(a.updates_per_batch):
             order = torch.randperm(n)
             for start in range(0, n, mb_size):
-                idx = order[start : start + mb_size]
-                sub = _select(packed, idx)
-                if entropy is None:  # single pass: this pass gives the pre-update logprobs and entropy
-                    lp, ent = completion_logprobs(self.model, sub, temp, with_entropy=True)
-                    trainer_lp, entropy = torch.empty_like(lp), ent
-                    trainer_lp[idx] = lp.detach()
-                    if old_lp is None:
-                        old_lp = trainer_lp
-                else:
-                    lp = completion_logprobs(self.model, sub, temp)
-                out = clipped_policy_loss(
-                    lp,
-                    old_lp[idx],
-                    advantages[idx],
-                    sub.completion_mask,
-                    clip_eps=a.clip_eps,
-                    clip_eps_high=a.clip_eps_high,
-                    ref_logprobs=ref[idx] if ref is not None else None,
-                    kl_coef=kl_loss_coef,
-                    agg=a.loss_agg,
-                    agg_constant=x.agg_constant,
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
-                self.optimizer.step()
-                self.updates += 1
-                for k, v in (("loss", out.loss.detach()), ("policy_loss", out.policy_loss), ("kl", out.kl),
-                             ("clip_fraction", out.clip_fraction), ("grad_norm", gn), ("ratio_mean", out.ratio_mean)):
-                    stats[k].append(float(v))
-        gap = (engine_lp - trainer_lp).abs() * mask
-        tokens = float(mask.sum())
+                for k, v in self._update(x, order[start : start + mb_size], old_lp, record).items():
+                    stats.setdefault(k, []).append(v)
+        gap = (x.engine_lp - trainer_lp).abs() * x.mask
+        tokens = float(x.mask.sum())
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
         metrics.update(
             {
@@ -187,10 +159,59 @@ class Trainer(ActorProcess):
                 "logprob_gap_max": float(gap.max()) if tokens else 0.0,
                 "trained_tokens": tokens,
                 "train_compute_s": time.perf_counter() - t0,
-                "lr": lr,
+                "lr": x.lr,
             }
         )
         return metrics
+
+    def _pre_update_logprobs(self, packed: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """[N, T] logprobs and entropies of the whole batch with the current weights, no gradients, in micro-batches
+        of train.micro_batch rows (the forward's working set is one micro-batch's)."""
+        temp = self.cfg.rollout.temperature or 1.0
+        self.model.eval()  # no dropout in these models, but be explicit: old logprobs come from the same function
+        with torch.no_grad():
+            parts = [completion_logprobs(self.model, _select(packed, rows), temp, with_entropy=True)
+                     for rows in micro_batches(torch.arange(packed.targets.shape[0]), self.cfg.train.micro_batch)]
+        self.model.train()
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def _update(self, x: StepInputs, idx: torch.Tensor, old_lp: torch.Tensor, record) -> dict[str, float]:
+        """One optimizer step on the minibatch rows `idx`: the gradient accumulated over micro-batches of
+        train.micro_batch rows, each loss weighted by its share of the minibatch's (`loss_share`), so the step is the
+        whole minibatch's. Metrics likewise: loss terms summed by loss share, per-token means by token share.
+        `record`: the single pass's (logprobs, entropy) [N, T], filled here with the pre-update values."""
+        a = self.cfg.algorithm
+        sums = dict.fromkeys(("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"), 0.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        for rows in micro_batches(idx, self.cfg.train.micro_batch):
+            out = self._micro_batch_loss(x, rows, old_lp, record)
+            share = loss_share(x.mask[rows], x.mask[idx], a.loss_agg)
+            tokens = loss_share(x.mask[rows], x.mask[idx], "token")
+            (out.loss * share).backward()
+            for k, v, w in (("loss", out.loss.detach(), share), ("policy_loss", out.policy_loss, share),
+                            ("kl", out.kl, tokens), ("clip_fraction", out.clip_fraction, tokens),
+                            ("ratio_mean", out.ratio_mean, tokens)):
+                sums[k] += float(v) * w
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        return {**sums, "grad_norm": float(gn)}
+
+    def _micro_batch_loss(self, x: StepInputs, rows: torch.Tensor, old_lp: torch.Tensor, record):
+        """The policy loss of batch rows `rows` alone (PolicyLossOutput), its logprobs with gradients."""
+        a = self.cfg.algorithm
+        sub = _select(x.packed, rows)
+        temp = self.cfg.rollout.temperature or 1.0
+        if record is None:
+            lp = completion_logprobs(self.model, sub, temp)
+        else:  # single pass: this pass gives the pre-update logprobs (old_lp reads them) and the entropy
+            lp, ent = completion_logprobs(self.model, sub, temp, with_entropy=True)
+            record[0][rows], record[1][rows] = lp.detach(), ent
+        return clipped_policy_loss(
+            lp, old_lp[rows], x.advantages[rows], sub.completion_mask, clip_eps=a.clip_eps,
+            clip_eps_high=a.clip_eps_high, ref_logprobs=x.ref[rows] if x.ref is not None else None,
+            kl_coef=x.kl_loss_coef, agg=a.loss_agg, agg_constant=x.agg_constant,
+        )
 
     def reference_logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """With LoRA, the reference is the base model: these weights with the adapters off (ReferenceModel.logprobs'
