@@ -570,9 +570,17 @@ def test_the_docs_table_lists_every_case_in_order():
     rows = [line.split(" | ") for line in (Path(__file__).parents[1] / "docs" / "errors.md").read_text().splitlines()
             if line.startswith("| ") and not line.startswith("| #")]
     assert [r[1] for r in rows[:len(CASES)]] == [c.what for c in CASES], "regenerate docs/errors.md"
-    assert len(rows) == len(CASES) + 1  # + the disk-full case, which needs a tmpfs mount
+    # + the disk-full case, which needs a tmpfs mount, and bfloat16 on a CPU without it (tests/test_model_dtype.py)
+    assert len(rows) == len(CASES) + 2
     for row, case in zip(rows, CASES):
         assert " ".join(case.expect.split()) in row[2].replace("\\|", "|"), (case.id, row[2])
+
+
+# tests/test_model_dtype.py checks the CLI prints this (the CPU faked in-process: this machine has bfloat16)
+BF16_REFUSAL = ("model.dtype=bfloat16: this CPU (Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz) has no native bfloat16 "
+                "(neither of avx512_bf16, amx_bf16, bf16 is in its /proc/cpuinfo flags), so the trainer, reference and "
+                "engines on it would emulate bfloat16: slower than float32, with bfloat16's rounding -> set "
+                "model.dtype=float32 (or auto, which is float32 on CPU), or run on a CPU with AVX512-BF16 or AMX")
 
 
 def errors_markdown() -> str:
@@ -600,6 +608,8 @@ def errors_markdown() -> str:
     lines.append(f"| {len(CASES) + 1} | disk too small for a checkpoint (1 MiB tmpfs) | runs_dir: <mnt>/bad has 1.0 "
                  "MiB free, but one checkpoint of <model> needs about 13.2 MiB -> free disk space or point runs_dir at "
                  "a larger disk |")
+    lines.append(f"| {len(CASES) + 2} | `model.dtype: bfloat16` on a CPU without native bfloat16 (no AVX512-BF16, "
+                 "no AMX) | " + BF16_REFUSAL + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,10 @@ def train(
         from posttrain.cli_dpo import run as run_dpo
 
         return print_summary(run_dpo(cfg, quiet))
+    if cfg.ray.address is None:  # the roles start on this machine: a dtype its CPU lacks is refused before Ray starts
+        from posttrain.models.dtype import weights_dtype
+
+        weights_dtype(cfg.model.dtype)
     try:
         summary = run_train(cfg, resume=resume, progress=not quiet, allow_data_change=allow_data_change)
     except (Preempted, StoppedWithoutCheckpoint) as e:  # SIGTERM: 75, Ctrl-C: 130 (preemption.py)

@@ -61,10 +61,14 @@ def check_vocab(path: str | Path, tokenizer, *, field: str = "model.path") -> No
 
 
 def load_causal_lm(path: str | Path, dtype: str = "float32", *, field: str = "model.path") -> tuple[Any, Any]:
-    """Returns (model, tokenizer) from a checked directory; the model is in eval mode on CPU."""
+    """Returns (model, tokenizer) from a checked directory; the model is in eval mode on CPU, in `dtype` (a
+    model.dtype setting: auto is float32 here; bfloat16 needs a CPU with native bfloat16, models/dtype.py)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from posttrain.models.dtype import weights_dtype
+
+    dtype = weights_dtype(dtype)  # before the load: a refused dtype costs no seconds of reading weights
     p = check_model_dir(path, field=field)
     tok = load_tokenizer(p)
     check_vocab(p, tok, field=field)

@@ -50,6 +50,7 @@ class VllmEngine:
         from vllm import LLM
         from vllm.platforms import current_platform
 
+        from posttrain.models.dtype import weights_dtype
         from posttrain.rollout.lora_serving import ServedAdapter, vllm_max_lora_rank
 
         # one adapter at a time: the policy's newest version (ServedAdapter removes the previous one)
@@ -58,7 +59,9 @@ class VllmEngine:
         self.max_model_len = max_model_len
         self.llm = LLM(
             model=str(model_dir),
-            dtype=dtype,
+            # model.dtype as this engine holds it: auto is bfloat16 on a GPU, float32 on CPU (never vLLM's own
+            # auto, the checkpoint's dtype, which could differ from the trainer's)
+            dtype=weights_dtype(dtype, cuda=current_platform.is_cuda_alike()),
             seed=seed,
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,  # GPU only; the CPU backend uses the KV-cache env

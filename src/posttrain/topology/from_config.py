@@ -8,6 +8,7 @@ from pathlib import Path
 
 from posttrain.config import RunConfig
 from posttrain.errors import PosttrainError
+from posttrain.models.dtype import resolve_dtype
 from posttrain.topology.devices import Cluster, parse_cluster
 from posttrain.topology.flops import Workload
 from posttrain.topology.lora import LoraShape, adapted_layers
@@ -70,7 +71,7 @@ def plan_inputs(cfg: RunConfig, cluster: str | None = None, policy_config: str |
         policy=policy,
         lora=lora,
         workload=workload_from_config(cfg, prompt_tokens),
-        dtype=cfg.model.dtype,
+        dtype=resolve_dtype(cfg.model.dtype, cuda=c.device.ray_resource == "GPU"),  # auto, for the cluster's devices
         reference=cfg.algorithm.kl_coef > 0,
         reward=read_model_shape(t.reward_model) if t.reward_model else None,
         critic=read_model_shape(t.critic_model) if t.critic_model else None,

@@ -24,7 +24,10 @@ def load_value_model(path: str | Path, dtype: str):
     """An HF backbone with a scalar head per position (AutoModelForTokenClassification, num_labels=1)."""
     from transformers import AutoModelForTokenClassification
 
-    return AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, dtype=getattr(torch, dtype))
+    from posttrain.models.dtype import weights_dtype
+
+    return AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1,
+                                                           dtype=getattr(torch, weights_dtype(dtype)))
 
 
 class Critic(ActorProcess):
