@@ -363,6 +363,8 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
             sync_weights(roles)
         if reforming is not None:
             reformed(cfg, roles, reforming, notify)
+        if in_loop is not None and resume_path is None and state.step < cfg.train.steps:  # 0 steps: final = start
+            in_loop.submit_start(cfg.model.path)  # step 0, the base model; the first steps do not wait for it
         if state.step == 0 and not state.eval_history:
             got = heldout(cfg, roles, encoder, task)
             acc = got["eval/heldout_accuracy"]
@@ -460,7 +462,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: dict
     if state.reward_functions:
         summary["reward_functions"] = state.reward_functions
     summary.update(alarms.summary(), stopped_by_alarm=stopped_by, stopped_at_accuracy=reached,
-                   best_checkpoint=str(in_loop.best_checkpoint()) if in_loop and in_loop.best_checkpoint() else None)
+                   **(in_loop.summary() if in_loop else {"best_checkpoint": None}))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

@@ -136,6 +136,48 @@ def test_gate_against_previous_and_best_moves_the_best_pointer(tmp_path):
     assert again.best["step"] == 6 and again.previous["step"] == 6
 
 
+class _Evaluator:
+    """Stands in for the evaluator actor: records what the driver sends it."""
+
+    def __init__(self):
+        self.sent = []
+        self.evaluate = self
+
+    def remote(self, step, model_dir):
+        self.sent.append((step, model_dir))
+        return object()
+
+
+def test_the_starting_model_is_step_0_the_first_previous_and_the_baseline_of_every_gain(tmp_path):
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "name=r", "eval.suites=[addition]"])
+    base = tmp_path / "base-model"
+    base.mkdir()
+    evaluator = _Evaluator()
+    gate = InLoopEval(cfg, actor=evaluator, log=lambda m: None)
+    gate.submit_start(base)
+    (tmp_path / "r/checkpoints/step_000002").mkdir(parents=True)
+    gate.submit(2, tmp_path / "r/checkpoints/step_000002")  # queued behind step 0
+    assert evaluator.sent == [(0, str(base))] and gate.queued[0] == 2
+    start = gate._gate({**_result(0, [1.0] * 30 + [0.0] * 10), "model_dir": str(base)}, None)
+    assert start["eval/score"] == 0.75 and "eval/is_best" not in start and "eval/vs_previous/regressed" not in start
+    assert ckpt.read_best_pointer(cfg.run_dir) is None and gate.best_checkpoint() is None  # the start is no checkpoint
+    assert list(base.iterdir()) == []  # no gate.json or hold file written into the user's model
+    # the first checkpoint loses 20 of the start's 30 passes (40 paired problems): -0.5 vs previous and vs the start
+    worse = gate._gate(_result(2, [1.0] * 10 + [0.0] * 30), tmp_path / "r/checkpoints/step_000002")
+    assert worse["eval/vs_previous/s/diff"] == pytest.approx(-0.5) and worse["eval/vs_previous/regressed"] == 1
+    assert worse["eval/vs_start/s/diff"] == pytest.approx(-0.5) and worse["eval/vs_start/s/ci_high"] < 0
+    assert worse["eval/is_best"] == 1 and ckpt.read_best_pointer(cfg.run_dir)["step"] == 2  # the first checkpoint
+    verdict = json.loads((tmp_path / "r/checkpoints/step_000002/gate.json").read_text())
+    assert "vs start: s -0.500" in verdict["reason"] and "vs previous: s -0.500 REGRESSED" in verdict["reason"]
+    assert InLoopEval(cfg, actor=None).start["step"] == 0  # a resume keeps the start as the baseline
+    # all 40 pass: +0.25 over the start (10 problems flip 0 -> 1, none the other way), +0.75 over step 2
+    better = gate._gate(_result(4, [1.0] * 40), tmp_path / "r/checkpoints/step_000004")
+    assert better["eval/vs_start/s/diff"] == pytest.approx(0.25) and better["eval/vs_previous/s/diff"] == pytest.approx(0.75)
+    assert better["eval/is_best"] == 1 and gate.best_checkpoint() == tmp_path / "r/checkpoints/step_000004"
+    assert gate.summary()["eval_scores"] == [{"step": 0, "score": 0.75}, {"step": 2, "score": 0.25},
+                                             {"step": 4, "score": 1.0}]
+
+
 def test_gold_drawdown_by_hand():
     from posttrain.evals.alarms import gold_drawdown
 

@@ -87,20 +87,23 @@ def test_clean_run_raises_no_alarm(clean_run):
 def test_evaluator_gates_every_checkpoint_and_keeps_the_best(clean_run):
     cfg, summary = clean_run
     evals = [m for m in read_metrics(cfg.run_dir) if "eval/score" in m]
-    # checkpoints at 4 and 8, the final one at 12; one evaluation at a time, so 8 may give way to the newer 12
+    # the starting model (step 0), checkpoints at 4 and 8, the final one at 12; one evaluation at a time, so 4 and
+    # 8 may give way to a newer checkpoint
     done = sorted(m["step"] for m in evals)
-    assert done[0] == 4 and done[-1] == 12 and set(done) <= {4, 8, 12}
+    assert done[0] == 0 and done[-1] == 12 and set(done) <= {0, 4, 8, 12}
     for m in evals:
         assert 0 <= m["eval/heldout/mean"] <= 1 and m["eval/gold/mean"] <= 1 and m["eval/samples_per_s"] > 0
-    later = [m for m in evals if m["step"] > 4]
-    assert all("eval/vs_previous/heldout/ci_low" in m and "eval/vs_best/regressed" in m for m in later)
+    later = [m for m in evals if m["step"] > 0]  # the first checkpoint's previous is the starting model
+    assert all("eval/vs_previous/heldout/ci_low" in m for m in later)
+    assert all("eval/vs_best/regressed" in m for m in later[1:])  # the first checkpoint is the first best
     best = ckpt.read_best_pointer(cfg.run_dir)
-    last_best = [m["step"] for m in sorted(evals, key=lambda m: m["step"]) if m["eval/is_best"]][-1]
+    last_best = [m["step"] for m in sorted(evals, key=lambda m: m["step"]) if m.get("eval/is_best")][-1]
     assert best["step"] == last_best == max(evals, key=lambda m: m["step"])["eval/best_step"]
     # keep_last=1, yet retention kept the best checkpoint beside the newest
     kept = [p.name for p in ckpt.list_checkpoints(cfg.run_dir / "checkpoints")]
     assert best["checkpoint"] in kept and kept[-1] == "step_000012"
     assert summary["best_checkpoint"].endswith(best["checkpoint"])
+    assert all("eval/vs_start/heldout/diff" in m for m in later)  # each checkpoint's gain over the start
     gate = json.loads((cfg.run_dir / "checkpoints" / "step_000012" / "gate.json").read_text())
     assert gate["verdict"] in ("pass", "fail") and gate["reason"].startswith("score ")
     assert (cfg.run_dir / "evals" / "step_000012" / "report.html").is_file()

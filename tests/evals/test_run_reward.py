@@ -138,7 +138,9 @@ def test_run_reward_needs_a_run(tmp_path, tiny_model_dir, runner, args, expect):
 @pytest.mark.integration
 def test_a_run_with_eval_suites_run_reward_gates_on_its_own_reward(tmp_path, tiny_model_dir):
     """The real loop: Ray, the evaluator actor resolving run_reward against the run being trained (its config.yaml
-    and functions), eval/run_reward/<source>/mean in metrics.jsonl and best.json pointing at the final checkpoint."""
+    and functions), eval/run_reward/<source>/mean in metrics.jsonl for the starting model (step 0) and the final
+    checkpoint, which is gated against step 0; best.json pointing at the final checkpoint; a resume evaluates the
+    start no more."""
     import time
 
     from posttrain.loop import train
@@ -154,13 +156,31 @@ def test_a_run_with_eval_suites_run_reward_gates_on_its_own_reward(tmp_path, tin
         f"reward.functions=[{{name: always_one, fn: '{fn}:always_one', weight: 2}}]", "eval.suites=[run_reward]",
     ])
     t = time.perf_counter()
-    train(cfg, progress=False)
+    summary = train(cfg, progress=False)
     print(f"2-step run with eval.suites=[run_reward]: {time.perf_counter() - t:.1f} s")
-    (m,) = [m for m in read_metrics(cfg.run_dir) if "eval/score" in m]
-    # reward = verifier (0 or 1 per held-out problem) + 2 * always_one (1.0 on every one of the 4)
-    assert m["eval/run_reward/always_one/mean"] == 1.0 and m["eval/run_reward/verifier/mean"] in (0, .25, .5, .75, 1)
-    assert m["eval/score"] == m["eval/run_reward/mean"] == pytest.approx(2.0 + m["eval/run_reward/verifier/mean"])
-    assert ckpt.read_best_pointer(cfg.run_dir)["step"] == 2 == m["step"]
+    evals = {m["step"]: m for m in read_metrics(cfg.run_dir) if "eval/score" in m}
+    assert sorted(evals) == [0, 2]  # the starting model (step 0), then the final checkpoint
+    for m in evals.values():  # reward = verifier (0 or 1 per held-out problem) + 2 * always_one (1.0 on all 4)
+        assert m["eval/run_reward/always_one/mean"] == 1.0
+        assert m["eval/run_reward/verifier/mean"] in (0, .25, .5, .75, 1)
+        assert m["eval/score"] == m["eval/run_reward/mean"] == pytest.approx(2.0 + m["eval/run_reward/verifier/mean"])
+    start = json.loads((cfg.run_dir / "evals" / "step_000000" / "results.json").read_text())
+    assert start["model_dir"] == tiny_model_dir and start["step"] == 0  # the unchanged starting weights
+    # the first checkpoint's gate pairs with step 0 (the same 4 held-out problems: the paired diff is the gain)
+    first = evals[2]
+    assert first["eval/vs_previous/run_reward/diff"] == pytest.approx(first["eval/score"] - evals[0]["eval/score"])
+    gate = json.loads((cfg.run_dir / "checkpoints" / "step_000002" / "gate.json").read_text())
+    assert "vs previous: run_reward" in gate["reason"]
+    assert first["eval/vs_start/run_reward/diff"] == first["eval/vs_previous/run_reward/diff"]
+    best = ckpt.read_best_pointer(cfg.run_dir)  # the start is the baseline, never the best: best is a checkpoint
+    assert best["step"] == first["eval/best_step"] == 2 and best["checkpoint"] == "step_000002"
+    assert [e["step"] for e in summary["eval_scores"]] == [0, 2] and summary["best_eval"] == best
+    # a resume evaluates its new checkpoints only: step 0 is neither evaluated again nor logged twice
+    before = (cfg.run_dir / "evals" / "step_000000" / "results.json").stat().st_mtime_ns
+    train(load_config(cfg.run_dir / "config.yaml", ["train.steps=3"]), resume=True, progress=False)
+    steps = [m["step"] for m in read_metrics(cfg.run_dir) if "eval/score" in m]
+    assert sorted(steps) == [0, 2, 3], steps
+    assert (cfg.run_dir / "evals" / "step_000000" / "results.json").stat().st_mtime_ns == before
 
 
 COLUMN_MODULE = '''
