@@ -104,6 +104,20 @@ def test_every_sample_of_a_run_has_a_seed_of_its_own():
         sample_seed(0, -1, 0)
 
 
+def test_last_number_match_by_hand():
+    from posttrain.tasks.base import last_number_match
+
+    assert last_number_match("12", "The answer is 12.") == 1.0
+    assert last_number_match("12", "12") == 1.0 and last_number_match("-3", "It is -3") == 1.0
+    assert last_number_match("12", "12 is wrong, it is 13") == 0.0   # the last number counts, not the first
+    assert last_number_match("12", "12.5") == 0.0                    # a decimal is one number
+    assert last_number_match("12", "no number") == 0.0 and last_number_match("12", "") == 0.0
+    assert last_number_match("200", "1,200") == 1.0                  # no separators: said in its docstring
+    task = load_task(TaskConfig(name="addition", train_size=10, heldout_size=5, reward="last_number"), seed=0)
+    p = task.heldout[0]
+    assert task.score(p, f"So the sum is {p.answer}.") == 1.0
+
+
 def test_digit_credit_by_hand():
     from posttrain.tasks.base import digit_credit
 

@@ -10,6 +10,14 @@ from posttrain.tracking import read_metrics
 PHASES = ("generate", "reward", "reference", "train", "sync", "other")
 
 
+def suite_curve(metrics: list[dict], suite: str = "run_reward") -> list[tuple[int, float, float]]:
+    """(step, mean, standard error) of the in-loop evaluator's score on a suite, step 0 (the base model) included,
+    in step order; the last record of a step wins (a resumed run may evaluate a step twice)."""
+    got = {m["step"]: (m[f"eval/{suite}/mean"], m.get(f"eval/{suite}/se", 0.0))
+           for m in metrics if f"eval/{suite}/mean" in m}
+    return [(step, *got[step]) for step in sorted(got)]
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | None = None) -> Path:
     import matplotlib
 
@@ -20,6 +28,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | No
     metrics = read_metrics(run_dir)
     steps = [m for m in metrics if "time/step" in m]
     evals = [(m["step"], m["eval/heldout_accuracy"]) for m in metrics if "eval/heldout_accuracy" in m]
+    suite = suite_curve(metrics)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     if steps:
         xs = [m["step"] for m in steps]
@@ -30,6 +39,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | No
         ax1.plot(xs, smooth, color="tab:blue", alpha=0.7, label=f"sampled reward (mean of last {window} steps)")
     if evals:
         ax1.plot([s for s, _ in evals], [a for _, a in evals], "o-", color="tab:red", label="held-out accuracy (greedy)")
+    if suite:
+        xs, means, ses = zip(*suite)
+        ax1.errorbar(xs, means, yerr=[1.96 * se for se in ses], fmt="s-", color="tab:green", capsize=3,
+                     label="held-out reward, in-loop eval (greedy, 95% CI)")
     ax1.set_xlabel("GRPO step")
     ax1.set_ylim(0, 1)
     ax1.grid(alpha=0.3)

@@ -70,13 +70,14 @@ def regex_scorer(*, pattern: str, full: bool = True) -> Scorer:
 
 
 def verifier_scorer(*, task: str, reward: str = "exact") -> Scorer:
-    """The verifier of a built-in task (addition, sorting): exact match, or digit credit with reward: digits."""
+    """The verifier of a built-in task (addition, sorting): exact match, digit credit with reward: digits, or the
+    completion's last number with reward: last_number."""
     from posttrain.tasks.base import verifier_for
 
     if task not in ("addition", "sorting"):
         raise PosttrainError(f"verifier scorer: task {task!r} has no built-in verifier; use addition or sorting")
-    if reward not in ("exact", "digits"):
-        raise PosttrainError(f"verifier scorer: reward {reward!r} must be exact or digits")
+    if reward not in ("exact", "digits", "last_number"):
+        raise PosttrainError(f"verifier scorer: reward {reward!r} must be exact, digits or last_number")
     verify = verifier_for(reward)
     return lambda prompt, output, record: float(verify(_answer(record), output))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,13 +51,23 @@ def digit_credit(answer: str, completion: str) -> float:
     return same / width
 
 
+LAST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def last_number_match(answer: str, completion: str) -> float:
+    """1 when the completion's last number, as written, is the answer ('The answer is 12.' for '12'): the lenient
+    check for models that explain before they answer. Digits only, no separators: '1,200' ends in '200'."""
+    numbers = LAST_NUMBER.findall(completion)
+    return 1.0 if numbers and numbers[-1] == answer.strip() else 0.0
+
+
 def verifier_for(kind: str):
     if kind == "python":  # the completion is a program, run in the sandbox; 1 when it prints the answer
         from posttrain.rewards.sandbox import isolation_prefix, python_output_match
 
         isolation_prefix()  # refuse now, with a clear error, where model output cannot be confined
         return python_output_match
-    return {"exact": exact_match, "digits": digit_credit}[kind]
+    return {"exact": exact_match, "digits": digit_credit, "last_number": last_number_match}[kind]
 
 
 DATASET_NAMES = ("dataset", "jsonl")  # a user dataset; "jsonl" is its first name, kept as an alias
