@@ -107,7 +107,7 @@ def test_evaluator_gates_every_checkpoint_and_keeps_the_best(clean_run):
     gate = json.loads((cfg.run_dir / "checkpoints" / "step_000012" / "gate.json").read_text())
     assert gate["verdict"] in ("pass", "fail") and gate["reason"].startswith("score ")
     assert (cfg.run_dir / "evals" / "step_000012" / "report.html").is_file()
-    print(f"\nin-loop eval: {[(m['step'], round(m['eval/score'], 3), m['eval/is_best']) for m in evals]}, "
+    print(f"\nin-loop eval: {[(m['step'], round(m['eval/score'], 3), m.get('eval/is_best')) for m in evals]}, "
           f"best {best['checkpoint']}, evaluator {evals[-1]['eval/samples_per_s']:.1f} samples/s")
 
 
