@@ -23,7 +23,8 @@ def main(spec_path: str, out_path: str) -> int:
 
     t = time.perf_counter()
     llm = LLM(model=spec["model"], dtype="float32", seed=0, max_model_len=spec["max_model_len"], enforce_eager=True,
-              logprobs_mode="raw_logprobs", load_format="safetensors")
+              logprobs_mode="raw_logprobs", load_format="safetensors",
+              enable_chunked_prefill=False)  # as posttrain's engine on CPU: seeded samples need whole prefills
     start_s = time.perf_counter() - t
     seconds, tokens = [], []
     passes = [(p, s) for _ in range(spec["passes"]) for p, s in zip(spec["batches"], spec["seeds"])]
