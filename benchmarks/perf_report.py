@@ -1,6 +1,7 @@
-"""The README's performance section from benchmarks/results/perf.json: a markdown table with the targets, the
+"""docs/performance.md's generated block from benchmarks/results/perf.json: a markdown table with the targets, the
 matched settings side by side, and docs/perf.png (step time vs TRL, the step split, sync time against model size,
-reward curves of synchronous vs one-step-off rollout). Called by benchmarks/perf.py."""
+reward curves of synchronous vs one-step-off rollout). Called by benchmarks/perf.py; `make readme`
+(scripts/sync_readme.py) rewrites the block from the committed JSON without redrawing the plot."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "performance.md"
+RESULTS = ROOT / "benchmarks" / "results" / "perf.json"
 PLOT = ROOT / "docs" / "perf.png"
 KEYS = ("generate", "reward", "reference", "train", "sync", "other")
 
@@ -126,10 +128,11 @@ def table(res: dict) -> str:
     m = res.get("machine", {})
     if m:
         v = m["versions"]
+        gpu = "not run" if str(m.get("gpu", "")).startswith("not run") else m.get("gpu")
         trl_v = next((r["trl"][0]["versions"]["trl"] for wl in workloads(res).values() for r in wl["sizes"].values()
                       if r.get("trl")), "—")
         out += (f"\n\nLast `make bench` machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {v['torch']}, vllm "
-                f"{v['vllm']}, transformers {v['transformers']}, ray {v['ray']}, trl {trl_v}. GPU: {m['gpu']}.")
+                f"{v['vllm']}, transformers {v['transformers']}, ray {v['ray']}, trl {trl_v}. GPU: {gpu}.")
     return out
 
 
@@ -191,15 +194,25 @@ def plot(res: dict, path: Path = PLOT) -> Path | None:
     return path
 
 
-def write_report(res: dict) -> str:
-    """Writes docs/perf.png and the README block between the perf markers; returns the markdown."""
+def markdown(res: dict) -> str:
+    """The block's markdown: the tables, and the plot's link (relative to docs/) when there is a plot."""
     md = table(res)
     if workloads(res):
-        plot(res)
-        md += "\n\n![performance](docs/perf.png)"
+        md += "\n\n![performance](perf.png)"
+    return md
+
+
+def replace_block(text: str, md: str) -> str:
+    if "<!-- perf:start -->" not in text:
+        raise ValueError(f"no <!-- perf:start/end --> markers in {DOC}")
     block = f"<!-- perf:start -->\n{md}\n<!-- perf:end -->"
-    text = README.read_text()
-    if "<!-- perf:start -->" in text:
-        text = re.sub(r"<!-- perf:start -->.*?<!-- perf:end -->", lambda _m: block, text, flags=re.S)
-        README.write_text(text)
+    return re.sub(r"<!-- perf:start -->.*?<!-- perf:end -->", lambda _m: block, text, flags=re.S)
+
+
+def write_report(res: dict) -> str:
+    """Writes docs/perf.png and the block between the perf markers of docs/performance.md; returns the markdown."""
+    md = markdown(res)
+    if workloads(res):
+        plot(res)
+    DOC.write_text(replace_block(DOC.read_text(), md))
     return md

@@ -1,6 +1,10 @@
 """Reads runs/numerics/<setting>/pytest.log (written by scripts/numerics_matrix.sh) and prints the markdown table
 of the measured effects per setting: each algorithm's reward gain and z, DPO's held-out margin z, the compare gate
-on the degraded checkpoint, the planted over-optimization case, and the pass/fail count."""
+on the degraded checkpoint, the planted over-optimization case, and the pass/fail count.
+
+    scripts/numerics_table.py [ROOT]            # print the table
+    scripts/numerics_table.py [ROOT] --write    # and write it between the numerics markers of docs/algorithms.md
+"""
 
 from __future__ import annotations
 
@@ -44,15 +48,38 @@ def effects(log: str) -> dict[str, str]:
     return out
 
 
-def main(root: str = "runs/numerics") -> int:
+DOC = Path(__file__).resolve().parents[1] / "docs" / "algorithms.md"
+
+
+def table(root: str = "runs/numerics") -> str:
     cols = [s for s in SETTINGS if (Path(root) / s / "pytest.log").is_file()]
     rows = {s: effects((Path(root) / s / "pytest.log").read_text(errors="replace")) for s in cols}
     keys = [*ALGOS, "dpo", "compare degraded", "compare twin", "planted: gold peak / -10% / first alarm",
             "rlhf: proxy RM held-out acc", "rlhf: greedy proxy before → after", "pytest"]
-    print("| test | " + " | ".join(cols) + " |")
-    print("|---|" + "---|" * len(cols))
-    for k in keys:
-        print(f"| {k} | " + " | ".join(rows[s].get(k, "—") for s in cols) + " |")
+    lines = ["| test | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    lines += [f"| {k} | " + " | ".join(rows[s].get(k, "—") for s in cols) + " |" for k in keys]
+    return "\n".join(lines)
+
+
+def write(md: str, doc: Path = DOC) -> None:
+    """Replaces the block between <!-- numerics:start --> and <!-- numerics:end --> of docs/algorithms.md."""
+    text = doc.read_text()
+    if "<!-- numerics:start -->" not in text:
+        raise SystemExit(f"no numerics markers in {doc}")
+    block = f"<!-- numerics:start -->\n{md}\n<!-- numerics:end -->"
+    doc.write_text(re.sub(r"<!-- numerics:start -->.*?<!-- numerics:end -->", lambda _m: block, text, flags=re.S))
+
+
+def main(*argv: str) -> int:
+    args = [a for a in argv if a != "--write"]
+    root = args[0] if args else "runs/numerics"
+    if not any((Path(root) / s / "pytest.log").is_file() for s in SETTINGS):
+        raise SystemExit(f"no {root}/<setting>/pytest.log: run scripts/numerics_matrix.sh first")
+    md = table(root)
+    print(md)
+    if "--write" in argv:
+        write(md)
+        print(f"updated {DOC}")
     return 0
 
 

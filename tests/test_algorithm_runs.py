@@ -10,7 +10,7 @@ algorithm that follows its gradient at lr 1e-3 raises it by 0.2-0.5 within 20-30
 ~0.01; the KL term is off (kl_coef 0: the KL math is tested by hand and in the loop tests), since k1 KL in the
 reward held PPO and REINFORCE++ at their start for 20 steps. The assertion is a z-score, last K steps against the first K with
 the standard error of both windows' step means, so it cannot pass when nothing learns (with lr 0 z ~ N(0, 1)).
-Learning on the task itself is shown by the demo (+15 points or more on every numeric setting, README) and by
+Learning on the task itself is shown by the demo (+15 points or more on every numeric setting, docs/demo.md) and by
 `benchmarks/algorithms.py` (100-step table). DPO (offline, verifier-labelled pairs): its implicit reward must rank
 the right answer over a near miss on held-out pairs.
 Real Ray (one session for the module), real trainer/critic/reward actors, the transformers engine (it starts in

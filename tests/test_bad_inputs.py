@@ -158,7 +158,7 @@ def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: 
     data fingerprint `data` (none: a checkpoint from before data fingerprints) and row count `rows` (none: from
     before row counts), plus `files` (path -> text)."""
     from posttrain.config import load_config
-    from posttrain.training import checkpoint as ckpt
+    from posttrain import checkpoint as ckpt
 
     args = _good(tmp, model, *extra)
     cfg = load_config(args[1], [*SMALL, *extra])
@@ -177,7 +177,7 @@ def _checkpoint(tmp: Path, model: str, fingerprint: str | None = None, corrupt: 
 
 def _lora_checkpoint(tmp: Path, model: str, *extra: str, base_hash: str | None = None) -> list[str]:
     """A checkpoint of a LoRA run: its adapter's record of the base model (`base_hash`, default: `model`'s own)."""
-    from posttrain.evals.runner import model_content_hash
+    from posttrain.models.loading import model_content_hash
     from posttrain.models.lora import ADAPTER_DIR, BASE_RECORD
 
     record = {"model_path": model, "model_hash": base_hash or model_content_hash(model)}
@@ -220,7 +220,7 @@ def _checkpoint_then_add_rows(tmp: Path, model: str) -> list[str]:
 
 def _checkpoint_cut_off(tmp: Path, model: str) -> list[str]:
     """A run dir whose only checkpoint was cut off mid-write (a kill before its rename): a temp directory."""
-    from posttrain.training import checkpoint as ckpt
+    from posttrain import checkpoint as ckpt
 
     args = _checkpoint(tmp, model)
     final = ckpt.list_checkpoints(tmp / "runs" / "bad" / "checkpoints")[0]

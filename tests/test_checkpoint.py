@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from posttrain.training import checkpoint as ckpt
+from posttrain import checkpoint as ckpt
 
 
 def write(root, step, payload=b"weights"):

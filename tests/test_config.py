@@ -79,16 +79,6 @@ def test_yaml_file_and_overrides(tmp_path):
     assert cfg.name == "from-file" and cfg.algorithm.group_size == 6
 
 
-def test_readme_config_reference_is_current():
-    """The README's config table is generated (`posttrain config reference`); it must match the code."""
-    from pathlib import Path
-
-    from posttrain.config import config_reference_markdown
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert config_reference_markdown() in readme, "regenerate with: posttrain config reference"
-
-
 def test_engine_threads_follow_whether_generation_runs_alone():
     """rollout.engine_threads unset: the trainer's thread count when nothing runs beside generation (synchronous,
     one fixed worker), else 1; set, it wins."""

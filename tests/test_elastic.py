@@ -23,7 +23,7 @@ import pytest
 
 from posttrain.config import load_config
 from posttrain.loop import train
-from posttrain.orchestration.recovery import LEFT
+from posttrain.remote.redo import LEFT
 from posttrain.rollout.fleet import fill_left, left_prompts, split_evenly
 from posttrain.rollout.sampler import PromptSampler
 from posttrain.tasks import load_task

@@ -1,4 +1,4 @@
-"""Hang detection on real Ray, with calls wedged on purpose (orchestration/faults.py):
+"""Hang detection on real Ray, with calls wedged on purpose (remote/faults.py):
 
 - the watchdog alone, on two small actors: a hung reward-like actor is restarted and its call retried by Ray (the
   stacks on disk name the wedged frame; one interruption record; hang_detected then hang_recovered), a hung trainer
@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 from posttrain.config import load_config
-from posttrain.orchestration import faults
-from posttrain.orchestration.recovery import RolesLost
-from posttrain.orchestration.watchdog import Watchdog, watched_get
+from posttrain.orchestration.roles import role_actors
+from posttrain.remote import faults
+from posttrain.remote.watchdog import RolesLost, Watchdog, watched_get
 from posttrain.tracking import read_metrics
 from posttrain.tracking.interruptions import read_interruptions
 
@@ -31,8 +31,8 @@ def _worker_class():
     """Defined in a function so Ray ships the class by value (the tests directory is not importable in actors)."""
     import os
 
-    from posttrain.orchestration.faults import maybe_wedge
-    from posttrain.orchestration.stacks import ActorProcess
+    from posttrain.remote.faults import maybe_wedge
+    from posttrain.remote.stacks import ActorProcess
 
     class Worker(ActorProcess):
         def work(self, point: str, seconds: float = 0.02) -> int:
@@ -71,7 +71,8 @@ def test_watchdog_restarts_a_hung_actor_and_gives_up_a_hung_trainer(tmp_path, fa
         roles = SimpleNamespace(trainer=trainer, rollout=[], reward=reward, reference=None, critic=None,
                                 reward_model=None, evaluator=None)
         events = []
-        wd = Watchdog(cfg, roles, notify=lambda event, **fields: events.append((event, fields)), log=lambda m: None)
+        wd = Watchdog(cfg, lambda: role_actors(roles), notify=lambda event, **fields: events.append((event, fields)),
+                      log=lambda m: None)
         first = dict(wd.processes["reward"])
         assert wd.bound("reward", "reward") == (60.0, None)  # cold: fewer than 3 measured calls
         for _ in range(3):

@@ -74,9 +74,9 @@ def test_launch_errors_are_one_message(tmp_path):
 
 def test_the_launched_command_resumes_exactly_when_a_checkpoint_exists(tmp_path):
     """The generated shell line, run by bash: `posttrain` is a stand-in that prints its arguments (the real CLI
-    would need Ray), the checkpoint a real one from training/checkpoint.py."""
+    would need Ray), the checkpoint a real one from checkpoint.py."""
     from posttrain.orchestration.launch import train_command
-    from posttrain.training import checkpoint as ckpt
+    from posttrain import checkpoint as ckpt
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from posttrain.config import load_config
 from posttrain.loop import train
 from posttrain.tracking import read_metrics
-from posttrain.training import checkpoint as ckpt
+from posttrain import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration
 

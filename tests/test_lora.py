@@ -146,7 +146,7 @@ def test_reference_with_adapters_off_equals_a_separate_reference_model(tiny_mode
 
 def test_sync_sends_the_adapted_layers_and_their_packed_siblings_into_the_hf_engine(tiny_model_dir):
     from posttrain.rollout.hf_engine import HfEngine
-    from posttrain.rollout.weights import export_arrays, payload_as_safetensors, payload_tensors
+    from posttrain.models.weights import export_arrays, payload_as_safetensors, payload_tensors
 
     trainer = Trainer(_cfg(tiny_model_dir, "model.lora.target_modules=[q_proj, v_proj]", *FLOAT64), tiny_model_dir)
     _random_adapters(trainer.lora)
@@ -175,7 +175,7 @@ def test_checkpoint_holds_peft_adapter_and_merged_model_and_loads_exactly(tiny_m
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from posttrain.training import checkpoint as ckpt
+    from posttrain import checkpoint as ckpt
 
     cfg = _cfg(tiny_model_dir, *FLOAT64)
     trainer = Trainer(cfg, tiny_model_dir)
@@ -220,7 +220,7 @@ def test_checkpoint_holds_peft_adapter_and_merged_model_and_loads_exactly(tiny_m
 def _run_with_checkpoint(tmp_path, model_dir: str, *extra: str):
     """A run directory as `train` leaves it (config.yaml, checkpoints/step_000001) from one trainer step."""
     from posttrain.config import RunConfig, dump_config
-    from posttrain.training import checkpoint as ckpt
+    from posttrain import checkpoint as ckpt
 
     cfg = RunConfig.model_validate(_cfg(model_dir, f"runs_dir={tmp_path}", "name=r", *extra))
     cfg.run_dir.mkdir(parents=True)
@@ -268,7 +268,7 @@ def test_export_merge_of_a_full_weight_run_copies_its_model_and_says_so(tiny_mod
 
 
 def test_with_lora_no_reference_role_is_reserved():
-    from posttrain.orchestration.roles import role_bundles
+    from posttrain.topology.placement import role_bundles
 
     names = lambda *o: [n for n, _ in role_bundles(load_config(None, ["algorithm.kl_coef=0.05", *o]))]  # noqa: E731
     assert "reference" in names() and "reference" not in names("model.lora.r=8")

@@ -171,8 +171,8 @@ def test_rm_lora_trains_adapters_and_the_head_and_saves_a_plain_reward_model(tmp
     from peft import PeftModel
 
     from posttrain.models.lora import ADAPTER_DIR, apply_lora_reward_model
-    from posttrain.rewards.reward_model import RewardModel
-    from posttrain.rewards.rm_train import STATS_FILE, load_backbone, train_reward_model
+    from posttrain.rewards.reward_model import STATS_FILE, RewardModel, load_backbone
+    from posttrain.training.rm import train_reward_model
 
     cfg = _rm_cfg(tmp_path, tiny_model_dir)
     model, _ = load_backbone(tiny_model_dir, "rm.base")

@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 
 from posttrain.config import load_config
 from posttrain.loop import train
-from posttrain.orchestration.roles import role_bundles
+from posttrain.topology.placement import role_bundles
 from posttrain.tracking import read_metrics
-from posttrain.training import checkpoint as ckpt
+from posttrain import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration
 

@@ -59,7 +59,7 @@ def test_as_a_reward_and_as_a_scorer_the_scores_agree_exactly():
     outputs in one batch) give identical numbers on identical rows; an unparseable answer is an exception failure in
     training and stops the eval."""
     from posttrain.evals.scorers import build_scorer, score_outputs
-    from posttrain.rewards.verifier import RewardWorker
+    from posttrain.rewards.worker import RewardWorker
 
     cfg = load_config(None, ["reward.functions=[{name: correct, fn: math_answer}]", "reward.default=-1",
                              "task.train_size=50", "task.heldout_size=5"])

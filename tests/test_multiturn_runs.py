@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from posttrain.demo_tools import demo_tools_config
 from posttrain.loop import train
 from posttrain.tracking import read_metrics
-from posttrain.training import checkpoint as ckpt
+from posttrain import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration
 

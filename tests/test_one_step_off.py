@@ -50,7 +50,7 @@ def test_staleness_bound():
 
 
 def test_config_refuses_what_one_step_off_cannot_honour():
-    from posttrain.rollout.one_step_off import check_one_step_off_config
+    from posttrain.one_step_off import check_one_step_off_config
 
     check_one_step_off_config(load_config(None, ["rollout.async_one_step_off=true"]))
     with pytest.raises(PosttrainError, match="rollout.temperature=1"):

@@ -13,7 +13,7 @@ from posttrain.loop import train
 from posttrain.rollout.sampler import PromptSampler
 from posttrain.tasks import load_task
 from posttrain.tracking import read_metrics
-from posttrain.training import checkpoint as ckpt
+from posttrain import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from posttrain.errors import PosttrainError
-from posttrain.rewards.verifier import FailureBudget, IsolatedScorer, RewardWorker, failure_counts
+from posttrain.rewards.verifier import FailureBudget, IsolatedScorer, failure_counts
+from posttrain.rewards.worker import RewardWorker
 from posttrain.tasks import Problem
 
 

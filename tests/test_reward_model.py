@@ -107,7 +107,8 @@ def test_rm_train_saves_a_model_transformers_loads(tmp_path, tiny_model_dir):
     from transformers import AutoModelForSequenceClassification
 
     from posttrain.models.loading import PromptEncoder, load_tokenizer
-    from posttrain.rewards.rm_train import STATS_FILE, encode_sample, scores, train_reward_model
+    from posttrain.rewards.reward_model import STATS_FILE, encode_sample, scores
+    from posttrain.training.rm import train_reward_model
 
     cfg = load_config(None, ["task.train_size=500", "task.heldout_size=50"])
     rows = gold_pairs(load_task(cfg.task, 0).train, "addition", 400, 0.0, 0)

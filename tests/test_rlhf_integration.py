@@ -62,8 +62,8 @@ def test_grpo_against_the_proxy_logs_gold_every_step_and_raises_the_proxy(rlhf_r
           f"{[round(x, 3) for x in gold]}")
     # Per-step means move with each step's prompts; the same held-out problems before and after show the trend.
     from posttrain.config import load_config
-    from posttrain.rewards.proxy_gold import greedy_proxy_and_gold
     from posttrain.tasks import load_task
+    from proxy_gold import greedy_proxy_and_gold
 
     task = load_task(load_config(None, ["task.train_size=2000", "task.heldout_size=64"]).task, 0)
     final = tmp / "rlhf-proxy-rm" / "checkpoints" / f"step_{STEPS:06d}" / "model"

@@ -3,7 +3,7 @@
 import pytest
 
 from posttrain.config import load_config
-from posttrain.orchestration.roles import needed_cpus, role_bundles
+from posttrain.topology.placement import needed_cpus, role_bundles
 
 
 def test_reference_exists_only_with_a_kl_term():

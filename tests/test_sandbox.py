@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from posttrain.config import TaskConfig
-from posttrain.rewards.sandbox import SandboxLimits, python_output_match, run_python
+from posttrain.sandbox import SandboxLimits, python_output_match, run_python
 from posttrain.tasks import Problem, load_task
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -110,7 +110,7 @@ def test_output_is_capped_and_the_environment_holds_no_secrets(monkeypatch):
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"), reason="needs root to become nobody")
 def test_without_root_an_unprivileged_user_namespace_confines_the_same_way():
     code = (
-        "import json\nfrom posttrain.rewards.sandbox import run_python\n"
+        "import json\nfrom posttrain.sandbox import run_python\n"
         "progs = ['print(1)', \"open('/tmp/posttrain-escape', 'w')\", 'import os\\nwhile True: os.fork()',\n"
         "         \"import socket; socket.create_connection(('127.0.0.1', 9), timeout=2)\"]\n"
         "print(json.dumps([run_python(p).reason for p in progs]))"

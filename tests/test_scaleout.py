@@ -13,8 +13,9 @@ import torch
 from safetensors.torch import load as load_bytes
 
 from posttrain.config import RayConfig, load_config
-from posttrain.training import checkpoint as ckpt
-from posttrain.training.distributed import SHARDS_DIR, loss_share, rank_rows
+from posttrain import checkpoint as ckpt
+from posttrain.training.distributed import loss_share, rank_rows
+from posttrain.training.trainer_state import SHARDS_DIR
 from posttrain.training.trainer import TrainBatch
 from numerics_bounds import assert_same
 
@@ -48,8 +49,7 @@ def test_loss_shares_add_up_to_the_minibatch_loss():
 
 
 def test_ranks_get_bundles_and_the_plan_spreads_them_over_policy_devices(tiny_model_dir):
-    from posttrain.orchestration.roles import needed_cpus, role_bundles
-    from posttrain.topology.placement import placement_for_run
+    from posttrain.topology.placement import needed_cpus, placement_for_run, role_bundles
 
     manual = load_config(None, [f"model.path={tiny_model_dir}", "topology.trainer_ranks=3"])
     names = [n for n, _ in role_bundles(manual)]

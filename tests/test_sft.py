@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posttrain.config import load_config
-from posttrain.evals.heldout import greedy_accuracy
+from posttrain.training.heldout import greedy_accuracy
 from posttrain.models.loading import PromptEncoder, load_causal_lm
 from posttrain.tasks import Problem, load_task
 from posttrain.training import sft as sft_module

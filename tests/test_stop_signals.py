@@ -31,7 +31,7 @@ from posttrain.config import load_config
 from posttrain.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from posttrain.rollout.sampler import PromptSampler
 from posttrain.tasks import load_task
-from posttrain.training import checkpoint as ckpt
+from posttrain import checkpoint as ckpt
 from posttrain.tracking import read_metrics
 
 pytestmark = pytest.mark.integration

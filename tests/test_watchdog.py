@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from posttrain.orchestration import faults
-from posttrain.orchestration.watchdog import RECENT, hang_bound, role_family
+from posttrain.remote import faults
+from posttrain.remote.watchdog import RECENT, hang_bound, role_family
 
 
 def test_hang_bound_by_hand():

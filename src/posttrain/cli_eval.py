@@ -48,7 +48,7 @@ def _load_suites(suites: list[str], from_run: str | None, allow_changed: bool):
     """--suite refs plus, with --from-run, the run's own `run_reward` suite (evals/run_suite.py)."""
     from posttrain.errors import PosttrainError
     from posttrain.evals.run_suite import RUN_REWARD
-    from posttrain.evals.suites import load_suites
+    from posttrain.evals.catalog import load_suites
 
     refs = list(suites) + ([RUN_REWARD] if from_run and RUN_REWARD not in suites else [])
     if not refs:

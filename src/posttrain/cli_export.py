@@ -31,7 +31,7 @@ def export_merged(run_dir: str | Path, out: str | Path, step: int | None = None)
     atomically (a temp sibling renamed into place); returns what it did, in words."""
     from posttrain.config import load_config
     from posttrain.models.lora import ADAPTER_DIR, check_adapter_base, read_base_record
-    from posttrain.training import checkpoint as ckpt
+    from posttrain import checkpoint as ckpt
 
     d, out = Path(run_dir), Path(out)
     if not (d / "config.yaml").is_file():

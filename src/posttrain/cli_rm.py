@@ -45,7 +45,7 @@ def rm_train(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar (plain lines are printed off a terminal anyway)."),
 ):
     """Train a Bradley-Terry reward model on rm.data from rm.base; writes rm.out with its reward mean/std."""
-    from posttrain.rewards.rm_train import train_reward_model
+    from posttrain.training.rm import train_reward_model
 
     config, overrides = split_config_args(config, overrides or [])
     cfg = load_config(config, overrides)

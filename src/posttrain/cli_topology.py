@@ -61,110 +61,109 @@ def memory_table(plan: dict, reference_placement: str = "") -> Table:
     return t
 
 
+def plan(
+    config: Optional[str] = typer.Argument(None, help="YAML run config (default: built-in)."),
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. algorithm.group_size=16"),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="e.g. 2x8xH100-80GB (default topology.cluster)."),
+    policy_config: Optional[str] = typer.Option(None, "--policy-config", help="HF config dir or config.json of "
+                                                "the policy (default model.path); no weights needed."),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length (default: "
+                                                "max_model_len - max_new_tokens, an upper bound)."),
+    price: Optional[float] = typer.Option(None, "--price", help="$ per device-hour (default: price file)."),
+    prices: Optional[str] = typer.Option(None, "--prices", help="Price file (default: the built-in one)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Write the plan as JSON here."),
+):
+    """Plan where the roles go: memory per device, feasibility, step time and cost for each layout."""
+    from posttrain.cli_common import split_config_args
+    from posttrain.config import load_config
+    from posttrain.topology.from_config import plan_document, plan_for_config
+
+    config, overrides = split_config_args(config, overrides or [])
+    cfg = load_config(config, overrides)
+    inp, plans, chosen = plan_for_config(cfg, cluster=cluster, policy_config=policy_config,
+                                         prompt_tokens=prompt_tokens, usd_per_device_hour=price, price_file=prices)
+    doc = plan_document(inp, plans, chosen)
+    console.print(training_line(doc))
+    console.print(plan_table(doc))
+    if chosen is not None:
+        console.print(memory_table(chosen.to_dict(), doc["reference_placement"]))
+        console.print(f"chosen: {chosen.layout} (topology.mode={cfg.topology.mode})")
+    else:
+        console.print("no layout fits: see 'why not' (try topology.micro_batch, activation_checkpointing, "
+                      "or more devices)")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(doc, indent=1))
+        console.print(f"plan written to {out}")
+
+def cost(
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU row of the price file (default: its default_gpu)."),
+    provider: Optional[str] = typer.Option(None, "--provider", help="Provider row (default: default_provider)."),
+    kind: str = typer.Option("on_demand", "--kind", help="on_demand | spot | reserved"),
+    price: Optional[float] = typer.Option(None, "--price", help="Managed $/GPU-hour (overrides the row)."),
+    prices: Optional[str] = typer.Option(None, "--prices", help="Price file (default: the built-in one)."),
+    capex: Optional[float] = typer.Option(None, "--capex", help="Owned all-in $ per GPU."),
+    amortization_months: Optional[float] = typer.Option(None, "--amortization-months"),
+    power_hosting: Optional[float] = typer.Option(None, "--power-hosting", help="$ per owned GPU per month."),
+    utilization: Optional[float] = typer.Option(None, "--utilization", help="Useful share of owned GPU-hours."),
+    engineers: Optional[float] = typer.Option(None, "--engineers", help="Platform engineers (FTE)."),
+    salary: Optional[float] = typer.Option(None, "--salary", help="$ per engineer-year, fully loaded."),
+    on_call: Optional[float] = typer.Option(None, "--on-call", help="$ per month of on-call."),
+    preemption: Optional[float] = typer.Option(None, "--preemption", help="Managed hours redone (spot), e.g. 0.1."),
+    hours: str = typer.Option("100,500,1000,2000,5000,10000,20000,50000", "--hours",
+                              help="GPU-hours per month for the table, comma-separated."),
+    out: str = typer.Option("runs/cost", "--out", help="Directory for cost.json and cost.png."),
+    runs: list[str] = typer.Option(None, "--runs", help="Run directories (comma-separated or repeated) whose "
+                                   "interruptions.jsonl measures the on-call line; without, it is an assumption."),
+    intervention_minutes: Optional[float] = typer.Option(None, "--intervention-minutes",
+                                                         help="A person's minutes per interruption (assumption)."),
+    response_hours: Optional[str] = typer.Option(None, "--response-hours", help="WORKING,OFF: hours until a "
+                                                 "person restarts a stopped run, in and out of working hours."),
+    utc_offset: Optional[float] = typer.Option(None, "--utc-offset", help="The team's time zone, hours from UTC "
+                                               "(tells working hours from nights)."),
+):
+    """Build vs buy: monthly cost of renting vs running your own cluster, the break-even, a table and a plot;
+    with --runs, the runs' interruptions (recovered device-hours, interventions avoided) and a measured on-call."""
+    from posttrain.cost.report import cost_report
+    from posttrain.errors import PosttrainError
+
+    overrides = dict(capex_usd_per_gpu=capex, amortization_months=amortization_months,
+                     power_hosting_usd_per_gpu_month=power_hosting, utilization=utilization,
+                     platform_engineers=engineers, engineer_usd_per_year=salary, on_call_usd_per_month=on_call,
+                     preemption_overhead=preemption, managed_usd_per_gpu_hour=price)
+    on_call = dict(minutes_per_intervention=intervention_minutes, utc_offset_hours=utc_offset)
+    if response_hours is not None:
+        try:
+            on_call["response_hours_working"], on_call["response_hours_off"] = map(float, response_hours.split(","))
+        except ValueError:
+            raise PosttrainError(f"--response-hours {response_hours!r}: give WORKING,OFF in hours, "
+                                 "e.g. 0.5,8") from None
+    cost_report(console, gpu=gpu, provider=provider, kind=kind, price_file=prices, hours=hours, out=out,
+                overrides={k: v for k, v in overrides.items() if v is not None},
+                runs=[d for arg in runs or [] for d in arg.split(",") if d.strip()],
+                on_call_overrides={k: v for k, v in on_call.items() if v is not None})
+
+def launch(
+    config: str = typer.Argument(..., help="YAML run config."),
+    target: str = typer.Option(..., "--target", help="skypilot | slurm | kuberay | ray"),
+    out: Optional[str] = typer.Option(None, "--out", help="Directory for the spec (skypilot, slurm, kuberay)."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray dashboard address for --target ray, "
+                                          "e.g. http://127.0.0.1:8265."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", help="e.g. 2x8xH100-80GB (default topology.cluster)."),
+    image: str = typer.Option("rayproject/ray:2.60.0-py312", "--image", help="Container image (kuberay)."),
+    checkpoint_bucket: Optional[str] = typer.Option(None, "--checkpoint-bucket",
+                                                    help="SkyPilot bucket mounted for runs/ (spot recovery)."),
+    spot: bool = typer.Option(True, "--spot/--on-demand", help="SkyPilot: spot with recovery, or on-demand."),
+    wait: bool = typer.Option(False, "--wait", help="--target ray: wait for the job and print its logs."),
+):
+    """Write a launch spec (SkyPilot task, Slurm batch script, KubeRay RayJob) or submit to a Ray cluster."""
+    from posttrain.orchestration.launch import launch_command
+
+    launch_command(console, config, target, out=out, address=address, cluster=cluster, image=image,
+                   checkpoint_bucket=checkpoint_bucket, spot=spot, wait=wait)
+
+
 def register(app: typer.Typer, user_errors) -> None:
-    @app.command()
-    @user_errors
-    def plan(
-        config: Optional[str] = typer.Argument(None, help="YAML run config (default: built-in)."),
-        overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. algorithm.group_size=16"),
-        cluster: Optional[str] = typer.Option(None, "--cluster", help="e.g. 2x8xH100-80GB (default topology.cluster)."),
-        policy_config: Optional[str] = typer.Option(None, "--policy-config", help="HF config dir or config.json of "
-                                                    "the policy (default model.path); no weights needed."),
-        prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length (default: "
-                                                    "max_model_len - max_new_tokens, an upper bound)."),
-        price: Optional[float] = typer.Option(None, "--price", help="$ per device-hour (default: price file)."),
-        prices: Optional[str] = typer.Option(None, "--prices", help="Price file (default: the built-in one)."),
-        out: Optional[str] = typer.Option(None, "--out", help="Write the plan as JSON here."),
-    ):
-        """Plan where the roles go: memory per device, feasibility, step time and cost for each layout."""
-        from posttrain.cli_common import split_config_args
-        from posttrain.config import load_config
-        from posttrain.topology.from_config import plan_document, plan_for_config
-
-        config, overrides = split_config_args(config, overrides or [])
-        cfg = load_config(config, overrides)
-        inp, plans, chosen = plan_for_config(cfg, cluster=cluster, policy_config=policy_config,
-                                             prompt_tokens=prompt_tokens, usd_per_device_hour=price, price_file=prices)
-        doc = plan_document(inp, plans, chosen)
-        console.print(training_line(doc))
-        console.print(plan_table(doc))
-        if chosen is not None:
-            console.print(memory_table(chosen.to_dict(), doc["reference_placement"]))
-            console.print(f"chosen: {chosen.layout} (topology.mode={cfg.topology.mode})")
-        else:
-            console.print("no layout fits: see 'why not' (try topology.micro_batch, activation_checkpointing, "
-                          "or more devices)")
-        if out:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
-            Path(out).write_text(json.dumps(doc, indent=1))
-            console.print(f"plan written to {out}")
-
-    @app.command()
-    @user_errors
-    def cost(
-        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU row of the price file (default: its default_gpu)."),
-        provider: Optional[str] = typer.Option(None, "--provider", help="Provider row (default: default_provider)."),
-        kind: str = typer.Option("on_demand", "--kind", help="on_demand | spot | reserved"),
-        price: Optional[float] = typer.Option(None, "--price", help="Managed $/GPU-hour (overrides the row)."),
-        prices: Optional[str] = typer.Option(None, "--prices", help="Price file (default: the built-in one)."),
-        capex: Optional[float] = typer.Option(None, "--capex", help="Owned all-in $ per GPU."),
-        amortization_months: Optional[float] = typer.Option(None, "--amortization-months"),
-        power_hosting: Optional[float] = typer.Option(None, "--power-hosting", help="$ per owned GPU per month."),
-        utilization: Optional[float] = typer.Option(None, "--utilization", help="Useful share of owned GPU-hours."),
-        engineers: Optional[float] = typer.Option(None, "--engineers", help="Platform engineers (FTE)."),
-        salary: Optional[float] = typer.Option(None, "--salary", help="$ per engineer-year, fully loaded."),
-        on_call: Optional[float] = typer.Option(None, "--on-call", help="$ per month of on-call."),
-        preemption: Optional[float] = typer.Option(None, "--preemption", help="Managed hours redone (spot), e.g. 0.1."),
-        hours: str = typer.Option("100,500,1000,2000,5000,10000,20000,50000", "--hours",
-                                  help="GPU-hours per month for the table, comma-separated."),
-        out: str = typer.Option("runs/cost", "--out", help="Directory for cost.json and cost.png."),
-        runs: list[str] = typer.Option(None, "--runs", help="Run directories (comma-separated or repeated) whose "
-                                       "interruptions.jsonl measures the on-call line; without, it is an assumption."),
-        intervention_minutes: Optional[float] = typer.Option(None, "--intervention-minutes",
-                                                             help="A person's minutes per interruption (assumption)."),
-        response_hours: Optional[str] = typer.Option(None, "--response-hours", help="WORKING,OFF: hours until a "
-                                                     "person restarts a stopped run, in and out of working hours."),
-        utc_offset: Optional[float] = typer.Option(None, "--utc-offset", help="The team's time zone, hours from UTC "
-                                                   "(tells working hours from nights)."),
-    ):
-        """Build vs buy: monthly cost of renting vs running your own cluster, the break-even, a table and a plot;
-        with --runs, the runs' interruptions (recovered device-hours, interventions avoided) and a measured on-call."""
-        from posttrain.cost.report import cost_report
-        from posttrain.errors import PosttrainError
-
-        overrides = dict(capex_usd_per_gpu=capex, amortization_months=amortization_months,
-                         power_hosting_usd_per_gpu_month=power_hosting, utilization=utilization,
-                         platform_engineers=engineers, engineer_usd_per_year=salary, on_call_usd_per_month=on_call,
-                         preemption_overhead=preemption, managed_usd_per_gpu_hour=price)
-        on_call = dict(minutes_per_intervention=intervention_minutes, utc_offset_hours=utc_offset)
-        if response_hours is not None:
-            try:
-                on_call["response_hours_working"], on_call["response_hours_off"] = map(float, response_hours.split(","))
-            except ValueError:
-                raise PosttrainError(f"--response-hours {response_hours!r}: give WORKING,OFF in hours, "
-                                     "e.g. 0.5,8") from None
-        cost_report(console, gpu=gpu, provider=provider, kind=kind, price_file=prices, hours=hours, out=out,
-                    overrides={k: v for k, v in overrides.items() if v is not None},
-                    runs=[d for arg in runs or [] for d in arg.split(",") if d.strip()],
-                    on_call_overrides={k: v for k, v in on_call.items() if v is not None})
-
-    @app.command()
-    @user_errors
-    def launch(
-        config: str = typer.Argument(..., help="YAML run config."),
-        target: str = typer.Option(..., "--target", help="skypilot | slurm | kuberay | ray"),
-        out: Optional[str] = typer.Option(None, "--out", help="Directory for the spec (skypilot, slurm, kuberay)."),
-        address: Optional[str] = typer.Option(None, "--address", help="Ray dashboard address for --target ray, "
-                                              "e.g. http://127.0.0.1:8265."),
-        cluster: Optional[str] = typer.Option(None, "--cluster", help="e.g. 2x8xH100-80GB (default topology.cluster)."),
-        image: str = typer.Option("rayproject/ray:2.60.0-py312", "--image", help="Container image (kuberay)."),
-        checkpoint_bucket: Optional[str] = typer.Option(None, "--checkpoint-bucket",
-                                                        help="SkyPilot bucket mounted for runs/ (spot recovery)."),
-        spot: bool = typer.Option(True, "--spot/--on-demand", help="SkyPilot: spot with recovery, or on-demand."),
-        wait: bool = typer.Option(False, "--wait", help="--target ray: wait for the job and print its logs."),
-    ):
-        """Write a launch spec (SkyPilot task, Slurm batch script, KubeRay RayJob) or submit to a Ray cluster."""
-        from posttrain.orchestration.launch import launch_command
-
-        launch_command(console, config, target, out=out, address=address, cluster=cluster, image=image,
-                       checkpoint_bucket=checkpoint_bucket, spot=spot, wait=wait)
+    """Add `plan`, `cost` and `launch` to the CLI, each behind the CLI's user-error handler."""
+    for command in (plan, cost, launch):
+        app.command()(user_errors(command))

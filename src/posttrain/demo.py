@@ -7,7 +7,8 @@ import json
 import time
 
 from posttrain.config import RunConfig
-from posttrain.loop import remove_run, train
+from posttrain.loop import train
+from posttrain.run_files import remove_run
 from posttrain.machine import describe_machine
 from posttrain.models.tiny import build_tiny_model
 

@@ -197,7 +197,8 @@ def plot_tools_demo(run_dir: Path, summary: dict) -> Path:
 
 
 def run_tools_demo(cfg: RunConfig, *, progress: bool = True, log=print) -> dict:
-    from posttrain.loop import remove_run, train
+    from posttrain.loop import train
+    from posttrain.run_files import remove_run
     from posttrain.machine import describe_machine
     from posttrain.progress import StepProgress
     from posttrain.rollout.tool_sandbox import ToolRunner

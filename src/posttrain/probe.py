@@ -155,7 +155,7 @@ def _actors(cfg: RunConfig):
     import ray
 
     from posttrain.orchestration.roles import Roles
-    from posttrain.rewards.verifier import RewardWorker
+    from posttrain.rewards.worker import RewardWorker
     from posttrain.rollout.worker import RolloutWorker, rollout_worker_env
 
     t, v = cfg.topology, cfg.rollout.vllm

@@ -1,6 +1,6 @@
 """One RL step: rollout and scoring, reference logprobs, advantages, the policy update and the weight sync, with
 the step's metrics and where its wall time went (`TIME_KEYS`). The run around it (start, resume, checkpoints,
-preemption, finish) is loop.py; one-step-off rollout (rollout/one_step_off.py) runs the same pieces overlapped."""
+preemption, finish) is loop.py; one-step-off rollout (one_step_off.py) runs the same pieces overlapped."""
 
 from __future__ import annotations
 
@@ -13,20 +13,17 @@ from posttrain.algorithms.dapo import fill_groups
 from posttrain.algorithms.grpo import nonzero_variance_groups
 from posttrain.config import RunConfig
 from posttrain.models.loading import PromptEncoder
-from posttrain.orchestration.watchdog import watched_get
+from posttrain.remote.watchdog import watched_get
 from posttrain.preemption import point_of_no_return
-from posttrain.rewards.functions import function_failure_counts
-from posttrain.rewards.scoring import component_means
-from posttrain.rewards.verifier import failure_counts
 from posttrain.rollout.fleet import sync_weights
 from posttrain.rollout.sampler import PromptSampler
 from posttrain.rollout.multi_turn import rollout_multi_turn
 from posttrain.rollout.samples import StepSamples
 from posttrain.rollout.single_turn import rollout_single_turn
+from posttrain.step_metrics import TIME_KEYS, step_record
 from posttrain.tasks import Problem
 from posttrain.training.trainer import TrainBatch
 
-TIME_KEYS = ("generate", "reward", "reference", "train", "sync")
 
 
 def rollout_and_score(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, problems: list[Problem],
@@ -89,93 +86,48 @@ def run_step(cfg: RunConfig, step: int, roles, sampler: PromptSampler, encoder: 
 def finish_step(cfg: RunConfig, step: int, roles, generated: StepSamples, train_set: StepSamples, rounds: int,
                 times: dict, t_start: float, sync=sync_weights) -> tuple[dict, dict]:
     """The rest of a step once its samples are scored: reference, advantages, train, `sync(roles)`, and the
-    step's metrics and samples (see `run_step`). rollout/one_step_off.py calls it with its own rollouts."""
-    a = cfg.algorithm
-    n = a.group_size
-    rewards = torch.tensor(generated.rewards, dtype=torch.float32)
-    failures = sum(err is not None for err in generated.errors)
+    step's metrics and samples (see `run_step`). one_step_off.py calls it with its own rollouts."""
     turn_times = times.pop("generate_turns", [])  # multi-turn: generate seconds per assistant turn
+    train_metrics = train_and_sync(cfg, step, roles, train_set, times, sync) if len(train_set) else {}
+    hangs = roles.watchdog.hangs if roles.watchdog is not None else None
+    return step_record(cfg, step, generated, len(train_set), signal_share(cfg, generated), rounds, train_metrics,
+                       times, turn_times, time.perf_counter() - t_start, hangs)
 
+
+def train_and_sync(cfg: RunConfig, step: int, roles, train_set: StepSamples, times: dict, sync) -> dict:
+    """Reference logprobs, advantages, the policy (and critic) update and `sync(roles)` on the kept samples; the
+    trainer's numbers. Adds the seconds of each phase to `times`."""
+    k_prompts, k_comps = train_set.prompts, train_set.completions
+    ref_lp, call = None, None
+    if roles.reference is not None:
+        call = (roles.reference.logprobs.remote(k_prompts, k_comps), "reference", "reference")
+    elif cfg.model.lora is not None and cfg.algorithm.kl_coef > 0:  # LoRA: the trainer's base model, adapters off
+        call = (roles.trainer.reference_logprobs.remote(k_prompts, k_comps), "reference", "trainer")
+    if call is not None:
+        t = time.perf_counter()
+        ref_lp = watched_get(roles.watchdog, [call])[0]
+        times["reference"] = time.perf_counter() - t
+    adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
+    batch = TrainBatch(
+        prompts=k_prompts, completions=k_comps, advantages=adv, engine_logprobs=train_set.engine_logprobs,
+        ref_logprobs=ref_lp, loss_masks=train_set.loss_masks or None, sample_ids=train_set.sample_ids, step=step,
+    )
+    t = time.perf_counter()
+    point_of_no_return()  # a SIGTERM from here on lets the step finish (preemption.py)
+    calls = [(roles.trainer.train_step.remote(batch), "train", "trainer")]
+    if roles.critic is not None:
+        calls.append((roles.critic.train_step.remote(k_prompts, k_comps, token_stats.pop("returns"),
+                                                     token_stats.pop("values"), train_set.loss_masks or None),
+                      "train", "critic"))
     train_metrics: dict = {}
-    if len(train_set):
-        k_prompts, k_comps = train_set.prompts, train_set.completions
-        ref_lp, call = None, None
-        if roles.reference is not None:
-            call = (roles.reference.logprobs.remote(k_prompts, k_comps), "reference", "reference")
-        elif cfg.model.lora is not None and a.kl_coef > 0:  # LoRA: the trainer's base model, adapters off
-            call = (roles.trainer.reference_logprobs.remote(k_prompts, k_comps), "reference", "trainer")
-        if call is not None:
-            t = time.perf_counter()
-            ref_lp = watched_get(roles.watchdog, [call])[0]
-            times["reference"] = time.perf_counter() - t
-        adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
-        batch = TrainBatch(
-            prompts=k_prompts, completions=k_comps, advantages=adv, engine_logprobs=train_set.engine_logprobs,
-            ref_logprobs=ref_lp, loss_masks=train_set.loss_masks or None, sample_ids=train_set.sample_ids, step=step,
-        )
-        t = time.perf_counter()
-        point_of_no_return()  # a SIGTERM from here on lets the step finish (preemption.py)
-        calls = [(roles.trainer.train_step.remote(batch), "train", "trainer")]
-        if roles.critic is not None:
-            calls.append((roles.critic.train_step.remote(k_prompts, k_comps, token_stats.pop("returns"),
-                                                         token_stats.pop("values"), train_set.loss_masks or None),
-                          "train", "critic"))
-        for part in watched_get(roles.watchdog, calls):
-            train_metrics.update(part)
-        train_metrics.update(token_stats)
-        times["train"] = time.perf_counter() - t
-        t = time.perf_counter()
-        sync(roles)
-        times["sync"] = time.perf_counter() - t
-
-    total = time.perf_counter() - t_start
-    # sampled tokens (a multi-turn completion also holds the environment's and tools' tokens)
-    gen_tokens = (sum(sum(m) for m in generated.loss_masks) if generated.loss_masks
-                  else sum(len(c) for c in generated.completions))
-    record = {
-        "step": step + 1,
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-        "accuracy": float((torch.tensor(generated.verifier) >= 1.0).float().mean()),
-        "response_length": gen_tokens / len(generated),
-        "kept_groups": len(train_set) // n,
-        "signal_share": signal_share(cfg, generated),
-        "rollout_rounds": rounds,
-        "reward_failures": failures,
-        **failure_counts(generated.errors),
-        "tokens_per_s": gen_tokens / max(times["generate"], 1e-9),
-        "kl": train_metrics.get("kl", 0.0),
-        "entropy": train_metrics.get("entropy"),
-        "clip_fraction": train_metrics.get("clip_fraction"),
-        "loss": train_metrics.get("loss"),
-        "grad_norm": train_metrics.get("grad_norm"),
-        "lr": train_metrics.get("lr"),
-        "logprob_gap_mean": train_metrics.get("logprob_gap_mean"),
-        "logprob_gap_max": train_metrics.get("logprob_gap_max"),
-    }
-    for key in ("value_loss", "value_clip_fraction", "shaped_reward_mean"):
-        if key in train_metrics:
-            record[key] = train_metrics[key]
-    record.update(component_means({k: [c[k] for c in generated.components] for k in generated.components[0]}))
-    if cfg.reward.functions:
-        record.update(function_failure_counts([f.name for f in cfg.reward.functions], generated.function_errors))
-    samples = {"step": step + 1,
-               "samples": [[sid, it[3], float(r)] for sid, it, r in zip(generated.sample_ids, generated.items, rewards)],
-               "reward_errors": {sid: err for sid, err in zip(generated.sample_ids, generated.errors) if err is not None}}
-    if roles.watchdog is not None:
-        record["hangs"] = roles.watchdog.hangs  # so far in this process (runs/<name>/interruptions.jsonl: each one)
-    if generated.episodes:  # multi-turn: turns, tool calls, tool errors by kind, end reasons, tokens
-        from posttrain.rollout.episode_metrics import episode_metrics
-
-        record.update(episode_metrics(generated.episodes))
-        samples["episodes"] = dict(zip(generated.sample_ids, generated.episodes))
-        record.update({f"time/generate_turn{k + 1}": s for k, s in enumerate(turn_times)})
-    for k in (*TIME_KEYS, "tools", "environment"):
-        if k in times:
-            record[f"time/{k}"] = times[k]
-    record["time/other"] = max(0.0, total - sum(times.values()))
-    record["time/step"] = total
-    return record, samples
+    for part in watched_get(roles.watchdog, calls):
+        train_metrics.update(part)
+    train_metrics.update(token_stats)
+    times["train"] = time.perf_counter() - t
+    t = time.perf_counter()
+    sync(roles)
+    times["sync"] = time.perf_counter() - t
+    return train_metrics
 
 
 def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp) -> tuple[list, dict]:

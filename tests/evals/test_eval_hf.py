@@ -8,7 +8,8 @@ import shutil
 import pytest
 
 from posttrain.errors import PosttrainError
-from posttrain.evals.runner import EngineSettings, ModelEvaluator, model_content_hash
+from posttrain.evals.runner import EngineSettings, ModelEvaluator
+from posttrain.models.loading import model_content_hash
 
 SUITE = """
 suites:

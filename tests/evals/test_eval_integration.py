@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.evals.runner import EngineSettings, ModelEvaluator, model_content_hash
+from posttrain.evals.runner import EngineSettings, ModelEvaluator
+from posttrain.models.loading import model_content_hash
 
 pytestmark = pytest.mark.integration
 

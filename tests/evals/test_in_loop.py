@@ -11,7 +11,7 @@ from posttrain.config import load_config
 from posttrain.errors import PosttrainError
 from posttrain.evals.alarm_wiring import LoopAlarms
 from posttrain.evals.in_loop import InLoopEval
-from posttrain.training import checkpoint as ckpt
+from posttrain import checkpoint as ckpt
 
 
 def _alarms(*rules: str, extra=()):

@@ -42,7 +42,7 @@ def length_biased_pairs(problems, n_pairs: int, label_noise: float, seed: int) -
 def planted(tmp_path_factory, warm_model_dir):
     from posttrain.loop import train
     from posttrain.rewards.preferences import write_jsonl
-    from posttrain.rewards.rm_train import train_reward_model
+    from posttrain.training.rm import train_reward_model
     from posttrain.tasks import load_task
 
     tmp = tmp_path_factory.mktemp("planted")
@@ -68,7 +68,7 @@ def ensemble_run(planted):
     (the rm source is the mean of both normalized scores) with the rm_disagreement alarm on."""
     from posttrain.loop import train
     from posttrain.rewards.preferences import write_jsonl
-    from posttrain.rewards.rm_train import train_reward_model
+    from posttrain.training.rm import train_reward_model
     from posttrain.tasks import load_task
 
     cfg, _, _, _ = planted

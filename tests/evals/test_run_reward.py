@@ -100,7 +100,7 @@ def test_the_in_loop_evaluator_gates_on_the_runs_reward(tmp_path, tiny_model_dir
     """eval.suites: [run_reward]: the evaluator actor's class builds the suite from the run, the gate logs each
     source's mean and best.json points at the evaluated checkpoint."""
     from posttrain.evals.in_loop import CheckpointEvaluator, InLoopEval
-    from posttrain.training import checkpoint as ckpt
+    from posttrain import checkpoint as ckpt
 
     run, _ = make_run(tmp_path)
     evaluator = CheckpointEvaluator(["run_reward"], {"kind": "hf"}, None, run_dir=str(run))
@@ -145,7 +145,7 @@ def test_a_run_with_eval_suites_run_reward_gates_on_its_own_reward(tmp_path, tin
 
     from posttrain.loop import train
     from posttrain.tracking import read_metrics
-    from posttrain.training import checkpoint as ckpt
+    from posttrain import checkpoint as ckpt
 
     fn = tmp_path / "fns.py"
     fn.write_text(MODULE)

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from posttrain.errors import PosttrainError
+from posttrain.evals.catalog import load_suites
 from posttrain.evals.runner import preference_records, summarize
 from posttrain.evals.scorers import SCORERS, build_scorer, register_scorer
-from posttrain.evals.suites import best_of_k_score, load_suites, pairwise_score, read_suite_file, regression_failures
+from posttrain.evals.suites import best_of_k_score, pairwise_score, read_suite_file, regression_failures
 
 
 @pytest.fixture(autouse=True)

@@ -270,7 +270,7 @@ def test_prompt_lookup_rebuilds_the_task_from_the_config(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(dump_config(load_config(None, ["task.train_size=50", "task.heldout_size=10"])))
-    from posttrain.tasks.base import load_task
+    from posttrain.tasks import load_task
 
     cfg = load_config(run / "config.yaml")
     problem = load_task(cfg.task, cfg.seed).train[3]

@@ -107,7 +107,7 @@ def test_results_match_the_judgments(reviewed):
 
 def test_pairs_export_trains_a_reward_model_and_the_suite_export_loads(reviewed, tiny_model_dir):
     from posttrain.evals.runner import preference_records
-    from posttrain.evals.suites import load_suites
+    from posttrain.evals.catalog import load_suites
     from posttrain.rewards.preferences import read_preferences
 
     root, db = reviewed["root"], reviewed["db"]
@@ -147,7 +147,8 @@ def test_pairs_export_trains_a_reward_model_and_the_suite_export_loads(reviewed,
 
 
 def test_flags_export_as_a_regression_suite_that_fails_only_on_a_repeat(tmp_path):
-    from posttrain.evals.suites import load_suites, regression_failures
+    from posttrain.evals.catalog import load_suites
+    from posttrain.evals.suites import regression_failures
 
     db = tmp_path / "r.db"
     store = ReviewStore(db, create=True)
@@ -215,7 +216,7 @@ def test_exports_and_judge_scoring_on_a_hand_made_session(tmp_path, monkeypatch)
     """Chat prompts stay chat lists in --pairs and are left out of --suite (said so); identical outputs are left
     out; a judge's scores are stored under judge:URL and its template gets the chat prompt as text."""
     from posttrain.evals import scorers
-    from posttrain.evals.suites import load_suites
+    from posttrain.evals.catalog import load_suites
     from posttrain.review.export import export_pairs, export_suite
     from posttrain.review.results import score_session, session_results
     from posttrain.review.store import NewItem

@@ -13,9 +13,10 @@ import torch
 
 from posttrain.errors import PosttrainError
 from posttrain.models.tokenizer import EOS, VOCAB
-from posttrain.rollout.engine import SamplingSpec, make_engine
+from posttrain.models.weights import count_tensors, export_arrays, export_weights
+from posttrain.rollout.engine import SamplingSpec
+from posttrain.rollout.engines import make_engine
 from posttrain.rollout.hf_engine import HfEngine, top_p_filter
-from posttrain.rollout.weights import count_tensors, export_arrays, export_weights
 from numerics_bounds import assert_same
 
 EOS_ID = VOCAB.index(EOS)
@@ -97,7 +98,7 @@ def test_array_payload_round_trips_any_dtype_and_dedupes_ties(tiny_models):
     from safetensors.torch import load
 
     from posttrain.models.loading import load_causal_lm
-    from posttrain.rollout.weights import (
+    from posttrain.models.weights import (
         arrays_from_tensors, export_arrays, payload_as_safetensors, payload_count, payload_tensors,
     )
 

@@ -15,7 +15,7 @@ from posttrain.config import load_config
 from posttrain.models import lora as L
 from posttrain.errors import PosttrainError
 from posttrain.rollout.engine import SamplingSpec
-from posttrain.rollout.weights import ADAPTER_CONFIG_KEY, arrays_from_tensors, payload_as_safetensors
+from posttrain.models.weights import ADAPTER_CONFIG_KEY, arrays_from_tensors, payload_as_safetensors
 from posttrain.training.batch import completion_logprobs, pack
 from posttrain.training.trainer import Trainer
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from posttrain.rollout.engine import SamplingSpec
-from posttrain.rollout.weights import export_arrays, export_weights
+from posttrain.models.weights import export_arrays, export_weights
 
 pytestmark = pytest.mark.integration
 

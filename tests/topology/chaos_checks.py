@@ -1,6 +1,6 @@
 """Run inside a private network namespace (`unshare -rn`, only `lo` up) by test_chaos.py: a 60-step run on a 2-node
 Ray cluster on 127.0.0.1 while an injector, at seeded random steps, SIGKILLs the worker node (raylet and workers),
-wedges a rollout engine (orchestration/faults.py), SIGKILLs the reward worker's process and starts a new node. Then
+wedges a rollout engine (remote/faults.py), SIGKILLs the reward worker's process and starts a new node. Then
 the same run without faults, for the comparison.
 
 The head has 2 CPUs: exactly the run's placement group (trainer 1, reference 0.25, reward 0.25, rollout0 0.5), so
@@ -110,7 +110,7 @@ class Injector(threading.Thread):
             hold.unlink(missing_ok=True)
 
     def wedge_engine(self) -> str:
-        from posttrain.orchestration.faults import arm
+        from posttrain.remote.faults import arm
 
         arm(self.faults, "generate")
         return "the next rollout generate call blocks forever"

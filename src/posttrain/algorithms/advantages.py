@@ -12,7 +12,7 @@ import torch
 from posttrain.algorithms.dapo import overlong_buffer_tokens, overlong_penalty
 from posttrain.algorithms.grpo import group_advantages
 from posttrain.algorithms.ppo import gae, whiten
-from posttrain.algorithms.presets import GROUP_ALGORITHMS, KL_IN_REWARD
+from posttrain.config.algorithm_presets import GROUP_ALGORITHMS, KL_IN_REWARD
 from posttrain.algorithms.reinforce_pp import kl_shaped_token_rewards, reinforce_pp_advantages
 from posttrain.algorithms.rloo import leave_one_out_advantages
 

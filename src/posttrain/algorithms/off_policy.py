@@ -1,4 +1,4 @@
-"""The two pieces of math one-step-off rollout needs (rollout/one_step_off.py): which logprobs the importance ratio
+"""The two pieces of math one-step-off rollout needs (one_step_off.py): which logprobs the importance ratio
 is taken against, and how stale a batch is. Pure functions, no Ray."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import math
 
 from posttrain.errors import PosttrainError
 from posttrain.evals.alarms import AlarmMonitor, AlarmSpec, FiredAlarm, ngram_repetition_rate
-from posttrain.training.checkpoint import step_dir_name
+from posttrain.checkpoint import step_dir_name
 
 # Defaults when a rule's threshold is None (units: proxy slope per step; Pearson r; slope ratio; share of the
 # first entropy; share of repeated n-grams).

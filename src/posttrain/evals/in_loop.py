@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 from posttrain.evals.compare import compare_suites
-from posttrain.orchestration.stacks import ActorProcess
-from posttrain.orchestration.watchdog import watched_get
-from posttrain.training import checkpoint as ckpt
+from posttrain.remote.stacks import ActorProcess
+from posttrain.remote.watchdog import watched_get
+from posttrain import checkpoint as ckpt
 
 
 class CheckpointEvaluator(ActorProcess):
@@ -34,7 +34,7 @@ class CheckpointEvaluator(ActorProcess):
 
     def __init__(self, suites: list[str], engine: dict, cache_dir: str | None = None, run_dir: str | None = None):
         from posttrain.evals.runner import EngineSettings, ModelEvaluator
-        from posttrain.evals.suites import load_suites
+        from posttrain.evals.catalog import load_suites
 
         self.suites = load_suites(suites, run_dir)  # run_dir: for `run_reward`, the run's own reward
         self.evaluator = ModelEvaluator(EngineSettings(**engine), Path(cache_dir) if cache_dir else None)
@@ -92,7 +92,7 @@ class InLoopEval:
     """The driver's half. `submit_start(model_dir)` once when a run starts fresh (step 0, the starting model);
     `submit(step, checkpoint_dir)` after each checkpoint; `poll()` every step returns the
     metrics records of evaluations that finished; `finish()` waits for what is still running. With a `watchdog`
-    (orchestration/watchdog.py), an evaluation running past its bound is a hang (the evaluator is killed and
+    (remote/watchdog.py), an evaluation running past its bound is a hang (the evaluator is killed and
     RolesLost raised)."""
 
     def __init__(self, cfg, actor, log=print, notify=None, watchdog=None):

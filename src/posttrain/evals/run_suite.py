@@ -48,7 +48,8 @@ def read_run(run_dir: str | Path, *, allow_changed: bool = False, warn=print):
     when `run_dir` is not a run, or a function's file is gone or (unless `allow_changed`) changed since the run."""
     from posttrain.config import load_config
     from posttrain.rewards.functions import check_function
-    from posttrain.tasks.base import answer_needed, load_task
+    from posttrain.tasks import load_task
+    from posttrain.tasks.base import answer_needed
 
     d = Path(run_dir)
     where = f"--from-run {d}"

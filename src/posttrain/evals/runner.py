@@ -22,25 +22,7 @@ from posttrain.errors import PosttrainError
 from posttrain.evals.scorers import score_outputs
 from posttrain.evals.stats import mean_se
 from posttrain.evals.suites import Suite, best_of_k_score, pairwise_score
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-HASHED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
-
-
-def model_content_hash(model_dir: str | Path) -> str:
-    """sha256 over the weight files (and the config/tokenizer files that change outputs) of an HF model dir,
-    each file's name and bytes in name order, read in 1 MiB chunks."""
-    d = Path(model_dir)
-    files = sorted(p for p in d.iterdir() if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or p.name in HASHED_FILES))
-    if not any(p.suffix in WEIGHT_SUFFIXES for p in files):
-        raise PosttrainError(f"--model {d}: no weight files (*.safetensors, *.bin) in this directory")
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.name.encode() + b"\0")
-        with p.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    return h.hexdigest()
+from posttrain.models.loading import model_content_hash
 
 
 @dataclass
@@ -176,7 +158,7 @@ class ModelEvaluator:
 
     def _ensure_engine(self) -> None:
         from posttrain.models.loading import PromptEncoder, load_tokenizer
-        from posttrain.rollout.engine import make_engine
+        from posttrain.rollout.engines import make_engine
 
         if self.engine is None:
             self.engine = make_engine(self.settings.kind, self.model_dir, **self.settings.options())
@@ -243,7 +225,7 @@ def weights_bytes(model_dir: str | Path) -> bytes:
     if single.is_file() and not list(Path(model_dir).glob("model-*.safetensors")):
         return single.read_bytes()
     from posttrain.models.loading import load_causal_lm
-    from posttrain.rollout.weights import export_weights
+    from posttrain.models.weights import export_weights
 
     model, _ = load_causal_lm(model_dir)
     return export_weights(model)

@@ -6,8 +6,8 @@
 - preference: held-out `pairs` {prompt, chosen, rejected} scored by a scoring callable (a reward model later):
   pairwise accuracy, or best-of-k accuracy when `rejected` is a list (RewardBench 2 style, see best_of_k_score).
 
-`load_suites` resolves a suite file or a built-in name into `Suite`s whose samples are plain dicts; every error
-names the file, the suite and the field.
+`read_suite_file` resolves a suite file into `Suite`s whose samples are plain dicts; every error names the file,
+the suite and the field. `catalog.load_suites` resolves any suite reference (a file, a built-in name, `run_reward`).
 """
 
 from __future__ import annotations
@@ -260,36 +260,3 @@ def read_suite_file(path: str | Path) -> list[Suite]:
 def builtin_suite_files() -> list[Path]:
     return sorted(BUILTIN_DIR.glob("*.yaml"))
 
-
-def load_suites(refs: list[str], run_dir: str | Path | None = None, *, allow_changed: bool = False,
-                warn=print) -> list[Suite]:
-    """Suites from files (all suites in each), built-in file stems (e.g. 'addition'), built-in suite names, or
-    `run_reward`: the held-out split of the run in `run_dir` scored by its own reward (evals/run_suite.py)."""
-    from posttrain.evals.run_suite import RUN_REWARD, run_suite
-
-    out: list[Suite] = []
-    for ref in refs:
-        if ref == RUN_REWARD:
-            if run_dir is None:
-                raise PosttrainError(f"--suite {RUN_REWARD}: this suite is built from a run's config and needs the run",
-                                     hint="use `posttrain eval --from-run runs/<name>` (in eval.suites the run is "
-                                     "the one being trained)")
-            out.append(run_suite(run_dir, allow_changed=allow_changed, warn=warn))
-            continue
-        if Path(ref).is_file():
-            out.extend(read_suite_file(ref))
-            continue
-        stem = BUILTIN_DIR / f"{ref}.yaml"
-        if stem.is_file():
-            out.extend(read_suite_file(stem))
-            continue
-        found = [s for f in builtin_suite_files() for s in read_suite_file(f) if s.name == ref]
-        if not found:
-            names = [f.stem for f in builtin_suite_files()]
-            raise PosttrainError(f"--suite {ref}: no such file, built-in suite file or built-in suite name",
-                                 hint=f"built-in suite files: {', '.join(names)}")
-        out.extend(found)
-    names = [s.name for s in out]
-    if len(set(names)) != len(names):
-        raise PosttrainError(f"--suite: suite names repeat across the given suites ({names})")
-    return out

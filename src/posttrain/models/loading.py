@@ -3,6 +3,7 @@ is missing, and prompt encoding (the tokenizer's chat template when it has one, 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,26 @@ def check_model_dir(path: str | Path, *, field: str = "model.path") -> Path:
             hint="save the tokenizer into the model directory with tokenizer.save_pretrained(dir)",
         )
     return p
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+HASHED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def model_content_hash(model_dir: str | Path) -> str:
+    """sha256 over the weight files (and the config/tokenizer files that change outputs) of an HF model dir,
+    each file's name and bytes in name order, read in 1 MiB chunks."""
+    d = Path(model_dir)
+    files = sorted(p for p in d.iterdir() if p.is_file() and (p.suffix in WEIGHT_SUFFIXES or p.name in HASHED_FILES))
+    if not any(p.suffix in WEIGHT_SUFFIXES for p in files):
+        raise PosttrainError(f"--model {d}: no weight files (*.safetensors, *.bin) in this directory")
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode() + b"\0")
+        with p.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def load_tokenizer(path: str | Path):

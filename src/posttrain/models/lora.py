@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from posttrain.config_lora import AdapterConfig, LoraConfig
+from posttrain.config.lora import AdapterConfig, LoraConfig
 from posttrain.errors import PosttrainError
 
 ADAPTER_DIR = "adapter"             # in a checkpoint: peft's format (adapter_config.json, adapter_model.safetensors)
@@ -156,12 +156,12 @@ def sync_weights_of_adapted(peft_model) -> dict:
 def adapter_payload(peft_model) -> dict:
     """What the engines need after a step with model.lora.sync=adapter: the adapters themselves, in peft's format
     (tensor names as in adapter_model.safetensors, e.g. base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight,
-    and adapter_config.json's text under ADAPTER_CONFIG_KEY), as an array payload (rollout/weights.py). r·(in+out)
+    and adapter_config.json's text under ADAPTER_CONFIG_KEY), as an array payload (models/weights.py). r·(in+out)
     numbers per adapted layer instead of the merged layers' in·out; rollout/lora_serving.py serves it."""
     import peft
     import torch
 
-    from posttrain.rollout.weights import ADAPTER_CONFIG_KEY, arrays_from_tensors
+    from posttrain.models.weights import ADAPTER_CONFIG_KEY, arrays_from_tensors
 
     with torch.no_grad():
         state = peft.get_peft_model_state_dict(peft_model, adapter_name=ADAPTER_NAME)
@@ -189,7 +189,7 @@ def save_merged_model(peft_model, tokenizer, out_dir: str | Path) -> Path:
     tokenizer) that transformers and vLLM load without peft."""
     from safetensors.torch import save_file
 
-    from posttrain.rollout.weights import unique_tensors
+    from posttrain.models.weights import unique_tensors
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -255,7 +255,7 @@ def check_resume_kind(lora: LoraConfig | None, model_path: str | Path, ckpt_dir:
 def check_adapter_base(record: dict, model_path: str | Path, ckpt_dir: str | Path, where: str) -> None:
     """PosttrainError unless the model at `model_path` is the base the checkpoint's adapter was trained on (the
     content hash in its BASE_RECORD: weights, config and tokenizer files)."""
-    from posttrain.evals.runner import model_content_hash
+    from posttrain.models.loading import model_content_hash
     from posttrain.models.loading import check_model_dir
 
     check_model_dir(model_path)

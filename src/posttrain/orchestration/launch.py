@@ -22,7 +22,7 @@ def train_command(config_path: str, runs_dir: str, extra: list[str] | None = Non
     """The run, resuming when a valid checkpoint of it already exists (a preempted spot job restarts here)."""
     base = ["posttrain", "train", config_path, f"runs_dir={runs_dir}", "ray.address=auto", "--quiet", *(extra or [])]
     cmd = " ".join(shlex.quote(x) for x in base)
-    from posttrain.training.checkpoint import PREFIX
+    from posttrain.checkpoint import PREFIX
 
     found = f"ls -d {shlex.quote(runs_dir)}/*/checkpoints/{PREFIX}* >/dev/null 2>&1"
     return f"if {found}; then {cmd} --resume; else {cmd}; fi"

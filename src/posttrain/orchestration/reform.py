@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import sys
 import time
+from dataclasses import dataclass, field
 
 from posttrain.errors import PosttrainError
-from posttrain.orchestration.recovery import RolesLost
+from posttrain.remote.watchdog import RolesLost
 from posttrain.tracking.interruptions import record_interruption
-from posttrain.training import checkpoint as ckpt
+from posttrain import checkpoint as ckpt
 
 # After EX_TEMPFAIL (75, preempted): a distinct code for "the cluster lost capacity; resume when it is back".
 EXIT_CAPACITY = 76
@@ -136,18 +137,34 @@ def capacity_lost(spec, nodes: dict[str, dict], waited_s: float, step: int, resu
 # ------------------------------------------------------------------------ one incident, as the run (loop.py) sees it
 
 
-def roles_lost(cfg, lost: RolesLost, nodes: NodeWatch, notify) -> dict:
-    """After RolesLost escaped a run: what the next attempt needs to re-form (`_train`'s `reforming`): the detection
-    time, whether a checkpoint exists to resume from, the steps that will be trained again, the nodes lost so far."""
+@dataclass
+class Reform:
+    """One incident, from RolesLost escaping a run to the roles re-formed: what the next attempt (`_train`'s
+    `reforming`) needs. `nodes_lost` grows as Ray declares nodes dead."""
+
+    detected_at: float  # time.time() when the loss reached train()
+    resume: bool  # a valid checkpoint exists to resume from
+    role: str
+    reason: str
+    from_step: int  # the checkpoint's step
+    redone_steps: int  # steps after the checkpoint, to train again
+    redone_s: float  # their seconds
+    nodes: NodeWatch
+    nodes_lost: list[str] = field(default_factory=list)
+
+
+def roles_lost(cfg, lost: RolesLost, nodes: NodeWatch, notify) -> Reform:
+    """After RolesLost escaped a run: the detection time, whether a checkpoint exists to resume from, the steps that
+    will be trained again, the nodes lost so far."""
     from posttrain.tracking import read_metrics
 
     detected = time.time()
     last = ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints", warn=lambda _: None)
     ckpt_step = int(last.name[len(ckpt.PREFIX):]) if last else 0
     done = [m for m in read_metrics(cfg.run_dir) if "time/step" in m and m["step"] > ckpt_step]
-    reforming = {"detected_at": detected, "resume": last is not None, "role": lost.role, "reason": lost.reason,
-                 "from_step": ckpt_step, "redone_steps": len(done), "redone_s": sum(m["time/step"] for m in done),
-                 "nodes_lost": [], "nodes": nodes}
+    reforming = Reform(detected_at=detected, resume=last is not None, role=lost.role, reason=lost.reason,
+                       from_step=ckpt_step, redone_steps=len(done), redone_s=sum(m["time/step"] for m in done),
+                       nodes=nodes)
     alive = nodes_lost(reforming, notify)
     where = capacity_text(alive) if alive else "a new embedded cluster"
     print(f"roles lost at step {ckpt_step + len(done)} ({lost}); re-forming them on {where} and resuming from the "
@@ -155,14 +172,14 @@ def roles_lost(cfg, lost: RolesLost, nodes: NodeWatch, notify) -> dict:
     return reforming
 
 
-def nodes_lost(reforming: dict, notify) -> dict:
+def nodes_lost(reforming: Reform, notify) -> dict:
     """Tells ops.notify of each node gone since the last look (Ray may declare a dead node dead only seconds after
     the roles on it failed), adds them to the incident, and returns the alive nodes."""
-    alive, gone = reforming["nodes"].look()
+    alive, gone = reforming.nodes.look()
     for node in gone:
-        notify("node_lost", node=node[:12], step=reforming["from_step"] + reforming["redone_steps"],
-               role=reforming["role"], reason=reforming["reason"], capacity=capacity_text(alive))
-    reforming["nodes_lost"] += gone
+        notify("node_lost", node=node[:12], step=reforming.from_step + reforming.redone_steps,
+               role=reforming.role, reason=reforming.reason, capacity=capacity_text(alive))
+    reforming.nodes_lost += gone
     return alive
 
 
@@ -176,41 +193,39 @@ def node_left(cfg, nodes: NodeWatch, step: int, notify) -> None:
                             action=f"node {node[:12]} left the cluster; the run goes on on {capacity_text(alive)}")
 
 
-def create_roles_or_wait(cfg, reforming: dict | None, notify, resume: str):
+def create_roles_or_wait(cfg, reforming: Reform | None, notify, resume: str):
     """create_roles; when re-forming after a loss, Ray gets ops.capacity_wait_s to reserve the roles again, and a
     cluster that cannot hold them by then ends the run with CapacityLost (exit 76) instead of a config error."""
     from posttrain.orchestration.roles import create_roles
-    from posttrain.topology.placement import placement_for_run
+    from posttrain.topology.placement import PlacementTimeout, placement_for_run
 
     if reforming is None:
         return create_roles(cfg, cfg.model.path)
     t = time.monotonic()
     try:
         return create_roles(cfg, cfg.model.path, reserve_timeout_s=max(cfg.ops.capacity_wait_s, 1.0))
-    except PosttrainError as e:
-        if "could not reserve the placement" not in str(e):
-            raise
+    except PlacementTimeout as e:
         nodes_lost(reforming, notify)
-        record_interruption(cfg.run_dir, "capacity_exit", step=reforming["from_step"], role=reforming["role"],
-                            detected_at=reforming["detected_at"], automatic=False,
+        record_interruption(cfg.run_dir, "capacity_exit", step=reforming.from_step, role=reforming.role,
+                            detected_at=reforming.detected_at, automatic=False,
                             action=f"exit {EXIT_CAPACITY}: the cluster could not hold the roles again", reason=str(e),
-                            nodes_lost=reforming["nodes_lost"])
-        raise capacity_lost(placement_for_run(cfg), reforming["nodes"].look()[0], time.monotonic() - t, reforming["from_step"],
-                            resume, reforming["reason"]) from None
+                            nodes_lost=reforming.nodes_lost)
+        raise capacity_lost(placement_for_run(cfg), reforming.nodes.look()[0], time.monotonic() - t, reforming.from_step,
+                            resume, reforming.reason) from None
 
 
-def reformed(cfg, roles, reforming: dict, notify) -> None:
+def reformed(cfg, roles, reforming: Reform, notify) -> None:
     """The roles are back and the checkpoint loaded: record how long it took and say so."""
-    took = time.time() - reforming["detected_at"]
+    took = time.time() - reforming.detected_at
     where = capacity_text(nodes_lost(reforming, notify))
-    record_interruption(cfg.run_dir, "roles_reformed", step=reforming["from_step"], role=reforming["role"],
-                        detected_at=reforming["detected_at"], recovery_s=took, redone_steps=reforming["redone_steps"],
-                        redone_s=reforming["redone_s"], reason=reforming["reason"], nodes_lost=reforming["nodes_lost"],
+    record_interruption(cfg.run_dir, "roles_reformed", step=reforming.from_step, role=reforming.role,
+                        detected_at=reforming.detected_at, recovery_s=took, redone_steps=reforming.redone_steps,
+                        redone_s=reforming.redone_s, reason=reforming.reason, nodes_lost=reforming.nodes_lost,
                         action=f"roles re-created on {where}; resumed from the checkpoint of step "
-                               f"{reforming['from_step']} ({reforming['redone_steps']} steps to train again)")
-    if reforming["reason"].startswith("hung:"):  # the watchdog killed a trainer, critic or evaluator
-        notify("hang_recovered", step=reforming["from_step"], role=reforming["role"], seconds=round(took, 1),
+                               f"{reforming.from_step} ({reforming.redone_steps} steps to train again)")
+    if reforming.reason.startswith("hung:"):  # the watchdog killed a trainer, critic or evaluator
+        notify("hang_recovered", step=reforming.from_step, role=reforming.role, seconds=round(took, 1),
                action="roles re-formed from the checkpoint")
-    if reforming["nodes_lost"]:
-        notify("node_recovered", step=reforming["from_step"], seconds=round(took, 1), capacity=where,
-               redone_steps=reforming["redone_steps"])
+    if reforming.nodes_lost:
+        notify("node_recovered", step=reforming.from_step, seconds=round(took, 1), capacity=where,
+               redone_steps=reforming.redone_steps)

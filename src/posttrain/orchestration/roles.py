@@ -22,48 +22,18 @@ class Roles:
     reward_model: Any | None = None  # RewardModel actor (one RM or an ensemble), when reward.weights has an 'rm' weight
     judge: Any | None = None         # JudgeReward (in the driver: it only waits on HTTP), for a 'judge' weight
     evaluator: Any | None = None     # CheckpointEvaluator (evals/in_loop.py), when eval.suites is set
-    watchdog: Any | None = None      # orchestration/watchdog.py: remote calls past their bound are hangs
+    watchdog: Any | None = None      # remote/watchdog.py: remote calls past their bound are hangs
     episodes: Any | None = None      # rollout/episodes.EpisodeRunner (in the driver), for multi-turn runs
 
 
-def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
-    """(role name, resources) per bundle, trainer first. The reference exists only when kl_coef > 0 and the
-    policy is trained in full (with model.lora the trainer gives reference logprobs with its adapters off)."""
-    t = cfg.topology
-
-    def res(cpus: float, gpus: float = 0.0) -> dict[str, float]:
-        return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-
-    bundles = [("trainer", res(t.trainer_cpus, t.trainer_gpus))]
-    bundles += [(f"trainer{r}", res(t.trainer_cpus, t.trainer_gpus)) for r in range(1, t.trainer_ranks)]
-    if cfg.algorithm.kl_coef > 0 and cfg.model.lora is None:
-        bundles.append(("reference", res(t.reference_cpus)))
-    if cfg.algorithm.name == "ppo":
-        bundles.append(("critic", res(t.critic_cpus)))
-    bundles.append(("reward", res(t.reward_cpus)))
-    if cfg.reward.weights.get("rm"):
-        bundles.append(("reward_model", res(cfg.reward.rm_cpus)))
-    bundles += [(f"rollout{i}", res(t.rollout_cpus, t.rollout_gpus)) for i in range(cfg.rollout.num_workers)]
-    if cfg.eval.suites:
-        bundles.append(("evaluator", res(cfg.eval.evaluator_cpus, t.rollout_gpus)))
-    return bundles
-
-
-def needed_cpus(cfg: RunConfig) -> float:
-    return sum(r["CPU"] for _, r in role_bundles(cfg))
-
-
 def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.0) -> Roles:
+    """Every role of the run as a Ray actor in the placement's bundles; start-up errors (a bad model directory, an
+    engine that fails) surface here, before the first step."""
     import ray
 
-    from posttrain.orchestration.recovery import REDO_ATTEMPTS
-    from posttrain.rewards.verifier import RewardWorker
-    from posttrain.rollout.lora_serving import lora_engine_options
-    from posttrain.rollout.worker import RolloutWorker, engine_threads, rollout_worker_env
-    from posttrain.training.reference import ReferenceModel
-    from posttrain.training.trainer import Trainer
-
+    from posttrain.rewards.worker import RewardWorker
     from posttrain.topology.placement import actor_options, placement_for_run, reserve
+    from posttrain.training.reference import ReferenceModel
 
     # The plan (or, in topology.mode=manual, one PACK group with a bundle per role) decides groups and bundles.
     spec = placement_for_run(cfg)
@@ -75,25 +45,61 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
         return dict(actor_options(spec, pgs, name), **extra)
 
     threads = {"env_vars": {"OMP_NUM_THREADS": str(cfg.topology.torch_threads)}}
-    if cfg.topology.trainer_ranks > 1:  # rank r on slot "trainer" (r = 0) or f"trainer{r}"
-        from posttrain.orchestration.trainer_group import create_trainer_group
-
-        trainer = create_trainer_group(cfg, model_dir, lambda r: place(f"trainer{r or ''}", runtime_env=threads))
-    else:
-        trainer = ray.remote(Trainer).options(**place("trainer", runtime_env=threads)).remote(cfg_dict, model_dir)
-    reference = None
+    trainer = create_trainer(cfg, model_dir, place, threads)
+    reference = critic = reward_model = judge = evaluator = None
     if "reference" in index:
         # fixed weights from model.path, so a restarted reference is the same function: Ray retries its calls
         reference = ray.remote(ReferenceModel).options(**place("reference", runtime_env=threads, max_restarts=3,
-                                                               max_task_retries=3)).remote(
-            cfg_dict, model_dir
-        )
-    critic = None
+                                                               max_task_retries=3)).remote(cfg_dict, model_dir)
     if "critic" in index:
         from posttrain.training.critic import Critic
 
         critic = ray.remote(Critic).options(**place("critic", runtime_env=threads)).remote(cfg_dict, model_dir)
     reward = ray.remote(RewardWorker).options(**place("reward", max_restarts=3, max_task_retries=3)).remote(cfg_dict)
+    rollout = create_rollout(cfg, model_dir, place)
+    if "reward_model" in index:
+        from posttrain.rewards.reward_model import RewardModel
+
+        # fixed weights, like the reference: a restart (after a crash or a hang) computes the same scores
+        reward_model = ray.remote(RewardModel).options(**place("reward_model", max_restarts=3,
+                                                               max_task_retries=3)).remote(
+            [cfg.reward.rm_path, *cfg.reward.rm_ensemble], 1, cfg.model.chat_template)
+    if cfg.reward.weights.get("judge"):
+        from posttrain.rewards.judge import make_judge
+
+        judge = make_judge(cfg, cfg.run_dir)
+    if "evaluator" in index:
+        evaluator = create_evaluator(cfg, place)
+    roles = Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs,
+                  critic=critic, reward_model=reward_model, judge=judge, evaluator=evaluator)
+    wait_until_started(roles)
+    return roles
+
+
+def create_trainer(cfg: RunConfig, model_dir: str, place, threads: dict):
+    """The trainer actor, or with topology.trainer_ranks > 1 the sharded group (rank r on slot "trainer" for r = 0,
+    f"trainer{r}" otherwise)."""
+    import ray
+
+    from posttrain.training.trainer import Trainer
+
+    if cfg.topology.trainer_ranks > 1:
+        from posttrain.orchestration.trainer_group import create_trainer_group
+
+        return create_trainer_group(cfg, model_dir, lambda r: place(f"trainer{r or ''}", runtime_env=threads))
+    return ray.remote(Trainer).options(**place("trainer", runtime_env=threads)).remote(cfg.to_dict(), model_dir)
+
+
+def create_rollout(cfg: RunConfig, model_dir: str, place):
+    """rollout.num_workers rollout workers in their bundles, restarted by Ray when a process dies (the driver redoes
+    its share: remote/redo.py); with rollout.elastic, an ElasticFleet around them that adds extras beyond the
+    placement group (never restarted)."""
+    import ray
+
+    from posttrain.remote.redo import REDO_ATTEMPTS
+    from posttrain.rollout.lora_serving import lora_engine_options
+    from posttrain.rollout.worker import RolloutWorker, engine_threads, rollout_worker_env
+
     v = cfg.rollout.vllm
     engine_kwargs = dict(
         dtype=cfg.model.dtype,
@@ -112,48 +118,46 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
                          **options)
                 .remote(cfg.rollout.engine, model_dir, engine_kwargs))
 
-    # restarted by Ray when its process dies; the driver redoes its share (orchestration/recovery.py)
     rollout = [rollout_worker(**place(f"rollout{i}", max_restarts=REDO_ATTEMPTS))
                for i in range(cfg.rollout.num_workers)]
-    if cfg.rollout.elastic:  # extras beyond MIN, on what the cluster has beyond the placement group; never restarted
-        from posttrain.rollout.elastic import ElasticFleet
+    if not cfg.rollout.elastic:
+        return rollout
+    from posttrain.rollout.elastic import ElasticFleet
 
-        t = cfg.topology
-        rollout = ElasticFleet(rollout, cfg.rollout.num_workers_max, lambda: rollout_worker(
-            num_cpus=t.rollout_cpus, num_gpus=t.rollout_gpus, scheduling_strategy="SPREAD", max_restarts=0),
-            t.rollout_cpus, t.rollout_gpus, cfg.run_dir)
-    reward_model = judge = None
-    if "reward_model" in index:
-        from posttrain.rewards.reward_model import RewardModel
+    t = cfg.topology
+    return ElasticFleet(rollout, cfg.rollout.num_workers_max, lambda: rollout_worker(
+        num_cpus=t.rollout_cpus, num_gpus=t.rollout_gpus, scheduling_strategy="SPREAD", max_restarts=0),
+        t.rollout_cpus, t.rollout_gpus, cfg.run_dir)
 
-        # fixed weights, like the reference: a restart (after a crash or a hang) computes the same scores
-        reward_model = ray.remote(RewardModel).options(**place("reward_model", max_restarts=3,
-                                                               max_task_retries=3)).remote(
-            [cfg.reward.rm_path, *cfg.reward.rm_ensemble], 1, cfg.model.chat_template)
-    if cfg.reward.weights.get("judge"):
-        from posttrain.rewards.judge import make_judge
 
-        judge = make_judge(cfg, cfg.run_dir)
-    evaluator = None
-    if "evaluator" in index:
-        from posttrain.evals.in_loop import CheckpointEvaluator
+def create_evaluator(cfg: RunConfig, place):
+    """The in-loop evaluator (evals/in_loop.py), which scores saved checkpoints on eval.suites beside the run."""
+    import ray
 
-        engine = {"kind": cfg.rollout.engine, "dtype": cfg.model.dtype, "max_model_len": v.max_model_len,
-                  "kv_cache_gb": v.kv_cache_gb}
-        evaluator = ray.remote(CheckpointEvaluator).options(**place(
-            "evaluator", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)})).remote(
-            cfg.eval.suites, engine, run_dir=str(cfg.run_dir.resolve()))
-    # Surface start-up errors (bad model dir, engine failure) here, before the first step.
+    from posttrain.evals.in_loop import CheckpointEvaluator
+    from posttrain.rollout.worker import rollout_worker_env
+
+    v = cfg.rollout.vllm
+    engine = {"kind": cfg.rollout.engine, "dtype": cfg.model.dtype, "max_model_len": v.max_model_len,
+              "kv_cache_gb": v.kv_cache_gb}
+    return ray.remote(CheckpointEvaluator).options(**place(
+        "evaluator", runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb)})).remote(
+        cfg.eval.suites, engine, run_dir=str(cfg.run_dir.resolve()))
+
+
+def wait_until_started(roles: Roles) -> None:
+    """One cheap call to every actor, so a constructor's error (bad model dir, engine failure) surfaces as the
+    user's error it was."""
+    import ray
+
     try:
-        ray.get([trainer.ping.remote(), reward.score.remote([])] + [w.pid.remote() for w in rollout]
-                + ([reference.logprobs.remote([], [])] if reference is not None else [])
-                + ([critic.ping.remote()] if critic is not None else [])
-                + ([reward_model.score.remote([])] if reward_model is not None else [])
-                + ([evaluator.ping.remote()] if evaluator is not None else []))
+        ray.get([roles.trainer.ping.remote(), roles.reward.score.remote([])] + [w.pid.remote() for w in roles.rollout]
+                + ([roles.reference.logprobs.remote([], [])] if roles.reference is not None else [])
+                + ([roles.critic.ping.remote()] if roles.critic is not None else [])
+                + ([roles.reward_model.score.remote([])] if roles.reward_model is not None else [])
+                + ([roles.evaluator.ping.remote()] if roles.evaluator is not None else []))
     except ray.exceptions.RayActorError as e:
         raise_user_error_of(e)
-    return Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs,
-                 critic=critic, reward_model=reward_model, judge=judge, evaluator=evaluator)
 
 
 def raise_user_error_of(error: Exception) -> None:

@@ -28,9 +28,9 @@ QUIET_ACTOR_ENV = {
 
 def actor_env() -> dict[str, str]:
     """Every actor's environment variables: QUIET_ACTOR_ENV, and a recovery test's POSTTRAIN_FAULTS_DIR
-    (orchestration/faults.py) when the driver has one: on a joined cluster the workers do not inherit the driver's
+    (remote/faults.py) when the driver has one: on a joined cluster the workers do not inherit the driver's
     environment."""
-    from posttrain.orchestration.faults import ENV
+    from posttrain.remote.faults import ENV
 
     return {**QUIET_ACTOR_ENV, **({ENV: os.environ[ENV]} if os.environ.get(ENV) else {})}
 

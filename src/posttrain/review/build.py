@@ -79,7 +79,7 @@ def read_prompts_file(path: Path) -> list[dict]:
 
 def _load_source(source: str) -> tuple[list[Suite], Optional[list[str]], str]:
     """(generation suites, per-sample sources or None for "the suite's name", description)."""
-    from posttrain.evals.suites import load_suites
+    from posttrain.evals.catalog import load_suites
 
     if source.startswith(RUN_PREFIX):
         from posttrain.evals.run_suite import RUN_REWARD
@@ -162,7 +162,7 @@ def check_models(a: str, b: str, prompts: list) -> None:
 
 def generate_items(plan: ReviewPlan, a: str, b: str, evaluator) -> tuple[list[NewItem], dict]:
     """A's then B's outputs on the plan's prompts with one evaluator (one engine, B's weights loaded into it), and
-    the two models' content hashes {"a_hash", "b_hash"} (evals/runner.py model_content_hash)."""
+    the two models' content hashes {"a_hash", "b_hash"} (models/loading.py model_content_hash)."""
     from posttrain.evals.runner import evaluate
 
     res_a = evaluate(a, plan.suites, evaluator)

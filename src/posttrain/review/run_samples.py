@@ -168,7 +168,7 @@ def prompt_lookup(run_dir: Path) -> tuple[Callable[[str], Text], str]:
         return (lambda _sid: ""), "prompts unavailable: the run has no config.yaml to rebuild its task from"
     try:
         from posttrain.config import load_config
-        from posttrain.tasks.base import load_task
+        from posttrain.tasks import load_task
 
         cfg = load_config(config)
         task = load_task(cfg.task, cfg.seed, need_answer=False)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import re
 
-SOURCES = ("verifier", "rm", "judge", "length", "format", "environment")
-
 
 def normalize(scores: list[float], mean: float, std: float) -> list[float]:
     """(s - mean) / std for each score: the RM's scale made comparable to the other sources."""

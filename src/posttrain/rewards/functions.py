@@ -12,7 +12,7 @@ passed by keyword, and only those the function takes unless it has **kwargs, so 
 concurrently over the batch. None means "does not apply": the sample adds nothing from that source and is left out
 of its mean.
 
-Each function runs in its own child process of the reward worker (`verifier.ChildProcess`), all functions at once.
+Each function runs in its own child process of the reward worker (`child_process.ChildProcess`), all functions at once.
 Limits per call, `reward.timeout_seconds`: one call is a batch function's whole batch, a synchronous per-sample
 function's one sample, an async per-sample function's one sample (awaited with that timeout inside the child).
 Failures are per sample, with reward.default, and their error text starts with the kind (`FAILURE_KINDS`)."""
@@ -31,6 +31,7 @@ from typing import Iterable
 
 from posttrain.errors import PosttrainError
 from posttrain.rewards.chat_form import as_trl_completion
+from posttrain.rewards.child_process import ChildProcess
 from posttrain.usercode import load_callable
 
 FAILURE_KINDS = ("import", "exception", "type", "length", "nan", "timeout")
@@ -38,7 +39,7 @@ BATCH_COLUMNS = ("answer", "completion_ids", "sample_ids")
 SAMPLE_COLUMNS = ("answer", "completion_ids", "sample_id")
 # Past the per-sample limits an async per-sample call enforces itself, before the parent kills its process.
 ASYNC_GRACE_S = 5.0
-START_TIMEOUT_S = 120.0  # the child's first answer: importing the user's module
+FIRST_CALL_TIMEOUT_S = 120.0  # the child's first answer: importing the user's module (not ChildProcess's start)
 
 
 @dataclass(frozen=True)
@@ -254,8 +255,6 @@ class FunctionScorers:
     waits on its pipe). `functions`: the `reward.functions` entries."""
 
     def __init__(self, functions, timeout_s: float, default: float, field: str = "reward.functions"):
-        from posttrain.rewards.verifier import ChildProcess
-
         self.timeout_s, self.default = timeout_s, default
         self.children = {f.name: ChildProcess(functools.partial(_function_handler, f.name, f.fn, f"{field}.{i}.fn"),
                                               f"posttrain-reward-{f.name}")
@@ -265,7 +264,7 @@ class FunctionScorers:
 
     def _form(self, name: str) -> str:
         if name not in self._forms:
-            status, form = self.children[name].call("form", START_TIMEOUT_S)
+            status, form = self.children[name].call("form", FIRST_CALL_TIMEOUT_S)
             self._forms[name] = form if status == "ok" else "batch"  # a dead child: fail the batch as one call
         return self._forms[name]
 

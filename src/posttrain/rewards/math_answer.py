@@ -13,7 +13,7 @@ in an eval suite it stops the eval; fix the dataset.
 
 Timeouts: math-verify limits its own parsing and comparison with `signal.alarm`, which works only in a process's
 main thread. Our reward functions run in a child process whose main thread makes the call (rewards/functions.py,
-verifier.ChildProcess), so there math-verify's limits are on; called from any other thread they are turned off
+child_process.ChildProcess), so there math-verify's limits are on; called from any other thread they are turned off
 (instead of raising), and only the caller's limit applies (in training and eval: reward.timeout_seconds, enforced by
 killing the child).
 """

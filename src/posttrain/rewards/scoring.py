@@ -33,7 +33,7 @@ def score_batch(cfg, roles, items: list[tuple[str, str, str, str]], completion_t
     completion_ids, sample_ids, the dataset row's other columns (one dict per sample) and step are what reward
     functions (reward.functions) are given and name in errors. `extra`: scores computed elsewhere, by source
     (a multi-turn environment's: 'environment', weight 1 unless reward.weights sets one)."""
-    from posttrain.orchestration.watchdog import watched_get
+    from posttrain.remote.watchdog import watched_get
 
     w = dict(cfg.reward.weights)
     if extra and "environment" in extra:

@@ -1,7 +1,8 @@
 """Scoring completions with a task's verifier, isolating each sample: an exception, a hang (timeout), NaN/inf or a
 value of the wrong type becomes a per-sample failure record and the configured default reward, never a crashed or
 hung run. The verifier runs in a child process of the reward worker, so a sample that runs past
-`reward.timeout_seconds` is cut off by killing that process (a fresh one scores the next sample).
+`reward.timeout_seconds` is cut off by killing that process (a fresh one scores the next sample; the child is a
+rewards/child_process.py `ChildProcess`; the reward worker actor is rewards/worker.py).
 
 A failure's error text starts with its kind (`FAILURE_KINDS`), e.g. "timeout: verifier ran longer than 10 s";
 the driver counts them per kind in the metrics (`reward_failures/<kind>`) and aborts the run when more than
@@ -11,14 +12,12 @@ from __future__ import annotations
 
 import functools
 import math
-import multiprocessing as mp
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from posttrain.errors import PosttrainError
-from posttrain.orchestration.faults import maybe_wedge
-from posttrain.orchestration.stacks import ActorProcess
+from posttrain.rewards.child_process import ChildProcess
 from posttrain.tasks.base import Problem, Task
 
 FAILURE_KINDS = ("exception", "timeout", "nan", "type")
@@ -59,79 +58,6 @@ def failure_counts(errors: Iterable[str | None]) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------- isolation
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when its parent dies, even if a verifier hangs (ray.kill SIGKILLs the worker)."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _serve(conn, make_handler: Callable[[], Callable]) -> None:
-    """Child process: builds its handler once, then answers requests until the pipe closes."""
-    _die_with_parent()
-    handler = make_handler()
-    conn.send("ready")
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:
-            return
-        conn.send(handler(request))
-
-
-class ChildProcess:
-    """A spawned child that builds `make_handler()` once and answers `call(request)` with `handler(request)`. A call
-    that takes longer than its timeout kills the child (a fresh one starts on the next call); so does a handler that
-    takes its own process down. Shared by the verifier and user reward functions (rewards/functions.py);
-    `make_handler` must be picklable."""
-
-    START_TIMEOUT_S = 120.0  # building a task of 20,000 generated problems takes well under a second
-
-    def __init__(self, make_handler: Callable[[], Callable], name: str):
-        self.make_handler, self.name = make_handler, name
-        self._ctx = mp.get_context("spawn")  # not fork: the reward worker is a multi-threaded Ray process
-        self._proc = None
-        self._conn = None
-
-    def _start(self) -> None:
-        parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.make_handler), daemon=True, name=self.name)
-        self._proc.start()
-        child.close()
-        self._conn = parent
-        if not parent.poll(self.START_TIMEOUT_S) or parent.recv() != "ready":
-            self.close()
-            raise RuntimeError(f"the {self.name} process did not start")
-
-    def call(self, request, timeout_s: float) -> tuple[str, object]:
-        """("ok", the handler's answer), ("timeout", None) or ("died", the child's exit code)."""
-        if self._proc is None or not self._proc.is_alive():
-            self._start()
-        try:
-            self._conn.send(request)
-            if self._conn.poll(timeout_s):
-                return "ok", self._conn.recv()
-            self.close()
-            return "timeout", None
-        except (EOFError, OSError):  # the handler took its process down (os._exit, a segfault in an extension)
-            self._proc.join(5)  # reap it, for its exit code
-            code = self._proc.exitcode
-            self.close()
-            return "died", code
-
-    def close(self) -> None:
-        if self._proc is not None and self._proc.pid is not None:  # pid None: start() itself failed
-            self._proc.kill()
-            self._proc.join(5)
-        if self._conn is not None:
-            self._conn.close()
-        self._proc = self._conn = None
-
-
 def _task_handler(make_task: Callable[[], Task], default: float) -> Callable:
     task = make_task()
     return lambda request: score_one(task, *request, default)
@@ -155,39 +81,6 @@ class IsolatedScorer:
 
     def close(self) -> None:
         self.child.close()
-
-
-class RewardWorker(ActorProcess):
-    """The reward role for verifiable tasks. Made a Ray actor by the driver; holds the task's problems by id."""
-
-    def __init__(self, cfg_dict: dict):
-        from posttrain.config import RunConfig
-        from posttrain.tasks import load_task
-        from posttrain.tasks.base import answer_needed
-
-        cfg = RunConfig.model_validate(cfg_dict)
-        self.default = cfg.reward.default
-        make_task = functools.partial(load_task, cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
-        self.scorer = IsolatedScorer(make_task, cfg.reward.timeout_seconds, self.default)
-        self.functions = None
-        if cfg.reward.functions:  # user code: a child process per function (rewards/functions.py)
-            from posttrain.rewards.functions import FunctionScorers
-
-            self.functions = FunctionScorers(cfg.reward.functions, cfg.reward.timeout_seconds, self.default)
-
-    def score(self, items: list[tuple[str, str, str, str]]) -> list[tuple[float, str | None]]:
-        """items: (problem_id, prompt, answer, completion_text) -> (reward, error) per item."""
-        maybe_wedge("reward")  # a recovery test's hang (orchestration/faults.py); nothing otherwise
-        out = []
-        for pid, prompt, answer, text in items:
-            r = self.scorer.score(Problem(pid, prompt, answer), text)
-            out.append((r.reward, r.error))
-        return out
-
-    def score_functions(self, rows: list[dict], step) -> dict[str, tuple[list, list]]:
-        """The user's reward functions on rows (prompt, completion, answer, completion_ids, sample_id, columns):
-        name -> (score per row, error per row); see FunctionScorers.score."""
-        return self.functions.score(rows, step)
 
 
 # ---------------------------------------------------------------------------------------------- run-level threshold

@@ -1,5 +1,5 @@
 """An elastic rollout fleet (`rollout.num_workers: MIN..MAX`): the MIN workers are reserved with the run's roles
-(placement-group bundles; Ray restarts one that dies and its share is redone on it, orchestration/recovery.py).
+(placement-group bundles; Ray restarts one that dies and its share is redone on it, remote/redo.py).
 Up to MAX-MIN extras run on whatever the cluster has beyond that, outside the placement group:
 
 - **join**: at each step boundary (`grow`), an extra that has finished starting gets the trainer's current weights

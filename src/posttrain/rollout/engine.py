@@ -20,8 +20,6 @@ from typing import Protocol
 
 from posttrain.errors import PosttrainError
 
-ENGINE_KINDS = ("vllm", "hf")
-
 
 @dataclass
 class SamplingSpec:
@@ -49,7 +47,7 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, payload) -> None:
         """Replaces all weights in place from safetensors bytes or an array payload keyed by HF parameter names
-        (see weights.py)."""
+        (see models/weights.py)."""
         ...
 
     def completion_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
@@ -78,19 +76,3 @@ def check_generate_args(prompts: list[list[int]], spec: SamplingSpec, seeds: lis
         raise PosttrainError(
             f"sampling: temperature={spec.temperature} must be >= 0 and top_p={spec.top_p} must be in (0, 1]"
         )
-
-
-def make_engine(kind: str, model_dir: str, **options) -> RolloutEngine:
-    """Builds an engine of `kind` ("vllm" or "hf") on the HF model directory `model_dir`. `options` are
-    VllmEngine's keyword arguments (dtype, seed, max_model_len in tokens, kv_cache_gb for vLLM on CPU,
-    gpu_memory_utilization for vLLM on GPU, enforce_eager, max_lora_rank to serve a LoRA adapter); the HF engine
-    uses dtype and max_model_len (adapter serving on it is refused before any actor: lora_serving.py)."""
-    if kind == "vllm":
-        from posttrain.rollout.vllm_engine import VllmEngine
-
-        return VllmEngine(model_dir, **options)
-    if kind == "hf":
-        from posttrain.rollout.hf_engine import HfEngine
-
-        return HfEngine(model_dir, dtype=options.get("dtype", "float32"), max_model_len=options.get("max_model_len", 128))
-    raise PosttrainError(f"rollout.engine: unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")

@@ -235,7 +235,7 @@ class EnvironmentHost:
         if spec is None:
             self._local = Episodes(ChatEnvironment, "posttrain.rollout.environment:ChatEnvironment (built-in)")
         else:
-            from posttrain.rewards.verifier import ChildProcess
+            from posttrain.rewards.child_process import ChildProcess
 
             self._local = None
             self.child = ChildProcess(functools.partial(_episodes_handler, spec, field), "posttrain-environment")

@@ -5,7 +5,7 @@ share redone on a fresh one), weight sync to every worker, and greedy held-out a
 from __future__ import annotations
 
 from posttrain.models.loading import PromptEncoder
-from posttrain.orchestration.recovery import LEFT, gather_with_redo
+from posttrain.remote.redo import LEFT, gather_with_redo
 from posttrain.rewards.verifier import score_one
 from posttrain.rollout.engine import SamplingSpec
 from posttrain.tasks import Problem
@@ -76,7 +76,7 @@ def heldout_accuracy(workers, encoder: PromptEncoder, task, problems: list[Probl
 
 def sync_weights(roles, blob=None) -> None:
     """Trainer -> every engine, in place. The weights go into the object store once, as arrays the engines read
-    without copying (rollout/weights.py), not through the driver. A worker that dies meanwhile gets the same
+    without copying (models/weights.py), not through the driver. A worker that dies meanwhile gets the same
     payload again once restarted (an elastic fleet's extra leaves the fleet). `blob`: an export already asked for."""
     blob = blob if blob is not None else roles.trainer.export_arrays.remote()
     live = list(roles.rollout)  # a copy: an elastic fleet's extra that dies leaves roles.rollout meanwhile

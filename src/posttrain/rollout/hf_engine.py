@@ -107,13 +107,13 @@ class HfEngine:
     def update_weights(self, payload) -> None:
         import torch
 
-        from posttrain.rollout.weights import payload_is_partial, payload_tensors
+        from posttrain.models.weights import payload_is_partial, payload_tensors
 
         tensors = payload_tensors(payload)
         with torch.no_grad():
             missing, unexpected = self.model.load_state_dict(tensors, strict=False)
-        # A name may be absent only when its tensor is tied to one that was sent (weights.py writes ties once), or
-        # when the payload is partial (LoRA sends the adapted layers only).
+        # A name may be absent only when its tensor is tied to one that was sent (models/weights.py writes ties
+        # once), or when the payload is partial (LoRA sends the adapted layers only).
         params = self.model.state_dict(keep_vars=True)
         sent = {id(params[name]) for name in tensors if name in params}
         partial = payload_is_partial(payload)
@@ -122,7 +122,7 @@ class HfEngine:
             raise PosttrainError(
                 f"weight sync: the weights do not match the HF model (unexpected: {unexpected[:5]}, "
                 f"missing: {untied_missing[:5]})",
-                hint="export weights with posttrain.rollout.weights.export_weights from the same architecture",
+                hint="export weights with posttrain.models.weights.export_weights from the same architecture",
             )
 
     def completion_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:

@@ -120,7 +120,7 @@ class ServedAdapter:
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
-        from posttrain.rollout.weights import payload_adapter_config, payload_tensors
+        from posttrain.models.weights import payload_adapter_config, payload_tensors
 
         config = payload_adapter_config(payload)
         if config is None:

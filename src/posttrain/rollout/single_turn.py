@@ -1,5 +1,5 @@
 """Single-turn rollout: one prompt, `group_size` completions, each scored (the default rollout kind). Multi-turn
-episodes (rollout/multi_turn.py) and one-step-off rollouts (rollout/one_step_off.py) are its peers; step.py picks
+episodes (rollout/multi_turn.py) and one-step-off rollouts (one_step_off.py) are its peers; step.py picks
 one with `rollout_and_score`."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Running the policy's tool calls confined, in one persistent sandboxed server per `ToolRunner`.
 
 Calls are frequent (hundreds per RL step) and a fresh sandbox per call costs ~50-100 ms to start, so the sandbox
-of rewards/sandbox.py is set up once and a server inside it answers calls over pipes (JSON lines):
+of sandbox.py is set up once and a server inside it answers calls over pipes (JSON lines):
 - namespaces, mounts and limits as there: no network (a loopback that is down), every mount read-only except a
   scratch directory (its working dir, kept while the server lives), RLIMIT_AS = rollout.tool_memory_mb,
   RLIMIT_NPROC, RLIMIT_FSIZE, no environment but PATH, `python -I` (site-packages allowed so tools can import
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.errors import PosttrainError
-from posttrain.rewards.sandbox import (CONFINE_FAILED, SANDBOX_ENV, SandboxLimits, SandboxUnavailable, confined_command,
-                                       isolation_prefix, set_limits)
+from posttrain.sandbox import (CONFINE_FAILED, SANDBOX_ENV, SandboxLimits, SandboxUnavailable, confined_command,
+                               isolation_prefix, set_limits)
 from posttrain.rollout.tool_calls import BadToolCall, ToolCall
 from posttrain.rollout.tools import ToolSource, check_arguments
 from posttrain.usercode import load_callable, split_spec

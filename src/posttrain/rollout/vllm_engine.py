@@ -12,8 +12,8 @@ import os
 
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import check_model_dir
+from posttrain.models.weights import payload_adapter_config, payload_as_safetensors, payload_count
 from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args, check_request_length
-from posttrain.rollout.weights import payload_adapter_config, payload_as_safetensors, payload_count
 
 EXTENSION = "posttrain.rollout.vllm_sync.WeightSyncExtension"
 
@@ -29,7 +29,7 @@ def set_vllm_env(kv_cache_gb: float) -> None:
 
 
 class VllmEngine:
-    """A `RolloutEngine` on one `vllm.LLM`. `max_model_len` is in tokens; see `make_engine` for the rest.
+    """A `RolloutEngine` on one `vllm.LLM`. `max_model_len` is in tokens; see `engines.make_engine` for the rest.
     `max_lora_rank`: serve a LoRA adapter of up to this rank (model.lora.sync=adapter, rollout/lora_serving.py);
     `update_weights` then takes adapter payloads, and every request runs with the newest adapter."""
 

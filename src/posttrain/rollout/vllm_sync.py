@@ -74,7 +74,7 @@ class WeightSyncExtension:
         """Loads every tensor of `payload` (safetensors bytes, or an array payload when the engine runs in this
         process; HF names) into the model in place; returns how many tensors the model's loader consumed, so the
         caller can check it equals the number it sent."""
-        from posttrain.rollout.weights import payload_tensors
+        from posttrain.models.weights import payload_tensors
 
         tensors = payload_tensors(payload)
         model = self.model_runner.get_model()

@@ -7,7 +7,7 @@ environment in the actor's runtime_env (vLLM reads it when the engine starts, in
     worker = actor_cls.remote("vllm", model_dir, {"kv_cache_gb": 1})
     completions = ray.get(worker.generate.remote(prompts, SamplingSpec(n=8), seeds))
 
-Weights travel through Ray's object store as an array payload or safetensors bytes (rollout/weights.py; put
+Weights travel through Ray's object store as an array payload or safetensors bytes (models/weights.py; put
 them once with `ray.put` and pass the ref to every worker).
 
 Threads: Ray gives the actor OMP_NUM_THREADS = its num_cpus. On the shared 2-core test machine one OMP thread
@@ -21,9 +21,10 @@ import math
 import os
 import time
 
-from posttrain.orchestration.faults import maybe_wedge
-from posttrain.orchestration.stacks import ActorProcess
-from posttrain.rollout.engine import Completion, SamplingSpec, make_engine
+from posttrain.remote.faults import maybe_wedge
+from posttrain.remote.stacks import ActorProcess
+from posttrain.rollout.engine import Completion, SamplingSpec
+from posttrain.rollout.engines import make_engine
 
 
 def engine_threads(cfg) -> int:
@@ -61,11 +62,11 @@ class RolloutWorker(ActorProcess):
         self.engine = make_engine(engine_kind, model_dir, **(engine_kwargs or {}))
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
-        maybe_wedge("generate")  # a recovery test's hang (orchestration/faults.py); nothing otherwise
+        maybe_wedge("generate")  # a recovery test's hang (remote/faults.py); nothing otherwise
         return self.engine.generate(prompts, spec, seeds)
 
     def update_weights(self, payload) -> float:
-        """Loads new weights in place from safetensors bytes or an array payload (rollout/weights.py); returns
+        """Loads new weights in place from safetensors bytes or an array payload (models/weights.py); returns
         the seconds it took inside this process."""
         start = time.perf_counter()
         self.engine.update_weights(payload)

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from posttrain.config import TaskConfig
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -63,41 +60,11 @@ def last_number_match(answer: str, completion: str) -> float:
 
 def verifier_for(kind: str):
     if kind == "python":  # the completion is a program, run in the sandbox; 1 when it prints the answer
-        from posttrain.rewards.sandbox import isolation_prefix, python_output_match
+        from posttrain.sandbox import isolation_prefix, python_output_match
 
         isolation_prefix()  # refuse now, with a clear error, where model output cannot be confined
         return python_output_match
     return {"exact": exact_match, "digits": digit_credit, "last_number": last_number_match}[kind]
-
-
-DATASET_NAMES = ("dataset", "jsonl")  # a user dataset; "jsonl" is its first name, kept as an alias
-
-
-def load_task(cfg: "TaskConfig", seed: int, need_answer: bool = True) -> Task:
-    """The task named in the config, with splits drawn from `seed`. need_answer=False: dataset rows may lack the
-    answer column (nothing compares with it, see `answer_needed`)."""
-    from posttrain.tasks.addition import AdditionTask
-    from posttrain.tasks.dataset import DatasetTask
-    from posttrain.tasks.sorting import SortingTask
-    from posttrain.tasks.tool_arithmetic import ToolArithmeticTask
-    from posttrain.errors import PosttrainError
-
-    builtins = {"addition": AdditionTask, "sorting": SortingTask, "tool_arithmetic": ToolArithmeticTask}
-    if cfg.name in builtins:
-        try:
-            return builtins[cfg.name](cfg.train_size, cfg.heldout_size, seed=seed, max_digits=cfg.max_digits,
-                                      reward=cfg.reward)
-        except ValueError as e:  # the problem space is smaller than the splits asked for
-            raise PosttrainError(f"task {cfg.name}: {e}") from None
-    if cfg.name in DATASET_NAMES:
-        if not cfg.path:
-            raise PosttrainError(f"task.name is {cfg.name!r} but task.path is not set",
-                                 hint="set task.path to a .jsonl, .parquet or .csv file or a save_to_disk directory")
-        return DatasetTask(cfg, seed, need_answer=need_answer)
-    raise PosttrainError(
-        f"task.name: unknown task {cfg.name!r}",
-        hint=f"use one of {sorted(builtins) + list(DATASET_NAMES)}",
-    )
 
 
 def answer_needed(reward_weights: dict[str, float]) -> bool:

@@ -50,17 +50,40 @@ def planner_role(actor: str) -> str:
     return {"trainer": "policy", "reward_model": "reward", "evaluator": "rollout"}.get(actor, actor)
 
 
-def run_actors(cfg: RunConfig) -> list[str]:
-    """The loop's actors, trainer first (the names of roles.role_bundles)."""
-    from posttrain.orchestration.roles import role_bundles
+def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
+    """(role name, resources) per bundle, trainer first. The reference exists only when kl_coef > 0 and the
+    policy is trained in full (with model.lora the trainer gives reference logprobs with its adapters off)."""
+    t = cfg.topology
 
+    def res(cpus: float, gpus: float = 0.0) -> dict[str, float]:
+        return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+    bundles = [("trainer", res(t.trainer_cpus, t.trainer_gpus))]
+    bundles += [(f"trainer{r}", res(t.trainer_cpus, t.trainer_gpus)) for r in range(1, t.trainer_ranks)]
+    if cfg.algorithm.kl_coef > 0 and cfg.model.lora is None:
+        bundles.append(("reference", res(t.reference_cpus)))
+    if cfg.algorithm.name == "ppo":
+        bundles.append(("critic", res(t.critic_cpus)))
+    bundles.append(("reward", res(t.reward_cpus)))
+    if cfg.reward.weights.get("rm"):
+        bundles.append(("reward_model", res(cfg.reward.rm_cpus)))
+    bundles += [(f"rollout{i}", res(t.rollout_cpus, t.rollout_gpus)) for i in range(cfg.rollout.num_workers)]
+    if cfg.eval.suites:
+        bundles.append(("evaluator", res(cfg.eval.evaluator_cpus, t.rollout_gpus)))
+    return bundles
+
+
+def needed_cpus(cfg: RunConfig) -> float:
+    return sum(r["CPU"] for _, r in role_bundles(cfg))
+
+
+def run_actors(cfg: RunConfig) -> list[str]:
+    """The loop's actors, trainer first (the names of role_bundles)."""
     return [name for name, _ in role_bundles(cfg)]
 
 
 def manual_placement(cfg: RunConfig) -> PlacementSpec:
     """Today's behaviour: one PACK group, a bundle per role with the topology.*_cpus/_gpus shares."""
-    from posttrain.orchestration.roles import role_bundles
-
     bundles = role_bundles(cfg)
     group = GroupSpec(f"posttrain-{cfg.name}", [r for _, r in bundles], "PACK")
     return PlacementSpec([group], {name: Slot(0, i, dict(res)) for i, (name, res) in enumerate(bundles)})
@@ -113,6 +136,10 @@ def placement_for_run(cfg: RunConfig) -> PlacementSpec:
 # ------------------------------------------------------------------------------------------ Ray edge
 
 
+class PlacementTimeout(PosttrainError):
+    """Ray did not reserve every bundle of the placement within the timeout (a re-form waits for capacity on it)."""
+
+
 def reserve(spec: PlacementSpec, timeout_s: float = 120.0) -> list:
     """Creates the placement groups and waits until Ray has reserved every bundle."""
     import ray
@@ -124,7 +151,7 @@ def reserve(spec: PlacementSpec, timeout_s: float = 120.0) -> list:
         for pg in pgs:
             remove_placement_group(pg)
         need = [f"{g.name}: {len(g.bundles)} x {g.bundles[0]} ({g.strategy})" for g in spec.groups]
-        raise PosttrainError(f"Ray could not reserve the placement within {timeout_s:.0f} s: {'; '.join(need)}",
+        raise PlacementTimeout(f"Ray could not reserve the placement within {timeout_s:.0f} s: {'; '.join(need)}",
                              hint=f"the cluster has {ray.cluster_resources()}; check `ray status` or the plan's cluster")
     return pgs
 

@@ -31,7 +31,7 @@ from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from posttrain.config_ops import EVENTS
+from posttrain.config.ops import EVENTS
 from posttrain.tracking.redaction import redact, redact_text, secret_env_values
 
 RECORD_FILE = "notifications.jsonl"

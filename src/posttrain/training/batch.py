@@ -20,6 +20,13 @@ class PackedBatch:
     # The model runs over the sequences packed end to end (training/packing.py) instead of these padded rows.
     packed_rows: bool = False
 
+    def select(self, idx: torch.Tensor) -> "PackedBatch":
+        """The rows `idx` of this batch (a minibatch or a rank's share)."""
+        return PackedBatch(
+            self.input_ids[idx], self.attention_mask[idx], self.targets[idx], self.completion_mask[idx],
+            self.starts[idx], self.packed_rows,
+        )
+
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
          loss_masks: list[list[int]] | None = None, packed_rows: bool = False) -> PackedBatch:

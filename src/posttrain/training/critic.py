@@ -13,7 +13,7 @@ from posttrain.algorithms.common import at_least_float32
 from posttrain.algorithms.ppo import clipped_value_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import check_model_dir, load_tokenizer
-from posttrain.orchestration.stacks import ActorProcess
+from posttrain.remote.stacks import ActorProcess
 from posttrain.training.batch import PackedBatch, forward_at_completion_positions, pack
 
 CRITIC_DIR = "critic"
@@ -59,7 +59,7 @@ class Critic(ActorProcess):
                    loss_masks: list[list[int]] | None = None) -> dict:
         """updates_per_batch passes of `minibatches` clipped value-loss steps each over the batch (like the policy);
         with `loss_masks` (multi-turn), the value loss counts sampled tokens only."""
-        from posttrain.training.trainer import _select, pad_rows, values_dtype
+        from posttrain.training.trainer import pad_rows, values_dtype
 
         a = self.cfg.algorithm
         packed = pack(prompts, completions, self.pad_id, loss_masks, packed_rows=self.cfg.train.packing)
@@ -74,7 +74,7 @@ class Critic(ActorProcess):
             order = torch.randperm(n)
             for start in range(0, n, mb):
                 idx = order[start:start + mb]
-                sub = _select(packed, idx)
+                sub = packed.select(idx)
                 loss, frac = clipped_value_loss(self._values(sub), V_old[idx], R[idx], sub.completion_mask, a.value_clip)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -31,12 +31,12 @@ import torch
 import torch.distributed as dist
 
 from posttrain.algorithms.grpo import clipped_policy_loss
-from posttrain.orchestration.faults import maybe_wedge
+from posttrain.remote.faults import maybe_wedge
 from posttrain.training.accumulation import loss_share, micro_batches
 from posttrain.training.batch import completion_logprobs
-from posttrain.training.trainer import TRAINER_STATE, Trainer, TrainBatch, _jsonable, _select, _tuplify
+from posttrain.training.trainer import Trainer, TrainBatch
+from posttrain.training.trainer_state import SHARDS_DIR, TRAINER_STATE, fqn_optimizer_state, jsonable, tuplify
 
-SHARDS_DIR = "trainer_shards"
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a rank that died leaves the others waiting this long at most
 
 
@@ -118,7 +118,7 @@ class ShardedTrainer(Trainer):
     # ------------------------------------------------------------------ training
 
     def train_step(self, batch: TrainBatch) -> dict:
-        maybe_wedge("train")  # a recovery test's hang (orchestration/faults.py); the other ranks wait in a collective
+        maybe_wedge("train")  # a recovery test's hang (remote/faults.py); the other ranks wait in a collective
         a = self.cfg.algorithm
         temp = self.cfg.rollout.temperature or 1.0
         W, r = self.world_size, self.rank
@@ -132,7 +132,7 @@ class ShardedTrainer(Trainer):
         self.model.eval()
         mine = rank_rows(torch.arange(n), r, W)
         with torch.no_grad():
-            lp, ent = completion_logprobs(self.model, _select(packed, _nonempty(mine)), temp, with_entropy=True)
+            lp, ent = completion_logprobs(self.model, packed.select(_nonempty(mine)), temp, with_entropy=True)
         old_lp, entropy = torch.zeros(n, T, dtype=lp.dtype), torch.zeros(n, T, dtype=lp.dtype)
         if len(mine):
             old_lp[mine], entropy[mine] = lp, ent
@@ -152,7 +152,7 @@ class ShardedTrainer(Trainer):
                 # The rank's rows in micro-batches (train.micro_batch), as many on every rank (FSDP's collectives).
                 for local in rank_micro_batches(rank_rows(idx, r, W), -(-len(idx) // W), self.cfg.train.micro_batch):
                     rows = _nonempty(local)
-                    sub = _select(packed, rows)
+                    sub = packed.select(rows)
                     out = clipped_policy_loss(
                         completion_logprobs(self.model, sub, temp), old_lp[rows], advantages[rows],
                         sub.completion_mask, clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
@@ -217,9 +217,9 @@ class ShardedTrainer(Trainer):
         return save(full) if self.rank == 0 else None
 
     def export_arrays(self) -> dict | None:
-        """The whole policy as an array payload (rollout/weights.py) from rank 0 (None from the others). With LoRA,
+        """The whole policy as an array payload (models/weights.py) from rank 0 (None from the others). With LoRA,
         Trainer's payload (what changed)."""
-        from posttrain.rollout.weights import arrays_from_tensors
+        from posttrain.models.weights import arrays_from_tensors
 
         if self.lora is not None:
             return super().export_arrays() if self.rank == 0 else None
@@ -249,7 +249,7 @@ class ShardedTrainer(Trainer):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(d / SHARDS_DIR))
         if self.rank == 0:
             torch.save({"torch_rng": torch.get_rng_state(), "updates": self.updates, "trainer_ranks": self.world_size,
-                        "python_rng": list(_jsonable(random.getstate()))}, d / TRAINER_STATE)
+                        "python_rng": list(jsonable(random.getstate()))}, d / TRAINER_STATE)
         dist.barrier()
 
     def load(self, ckpt_dir: str) -> None:
@@ -280,7 +280,7 @@ class ShardedTrainer(Trainer):
                            optim_state_dict=fqn_optimizer_state(self.model, ts["optimizer"]),
                            options=StateDictOptions(full_state_dict=True))
         torch.set_rng_state(ts["torch_rng"])
-        random.setstate(_tuplify(ts["python_rng"]))
+        random.setstate(tuplify(ts["python_rng"]))
         self.updates = int(ts["updates"])
 
     def leave(self) -> None:
@@ -313,23 +313,3 @@ def _decoder_layers(model) -> list:
         if obj is not None:
             return list(obj)
     return []  # unknown architecture: the root alone is one FSDP unit
-
-
-def fqn_optimizer_state(model, index_state: dict) -> dict:
-    """A single-rank optimizer state dict (keyed by parameter index, in model.parameters() order) keyed by
-    parameter name instead, the form torch.distributed.checkpoint.state_dict reads and writes."""
-    names = [name for name, _ in model.named_parameters()]
-    groups = [dict(g, params=[names[i] for i in g["params"]]) for g in index_state["param_groups"]]
-    return {"state": {names[i]: s for i, s in index_state["state"].items()}, "param_groups": groups}
-
-
-def load_sharded_optimizer(model, optimizer, ckpt_dir: str | Path) -> None:
-    """Loads the optimizer states of a sharded checkpoint into a single-rank (unsharded) model's optimizer: the
-    N -> 1 direction. Runs without a process group (torch.distributed.checkpoint reads every shard)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict
-
-    _, optim_sd = get_state_dict(model, optimizer)
-    state = {"optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(Path(ckpt_dir) / SHARDS_DIR), no_dist=True)
-    set_optimizer_state_dict(model, optimizer, state["optim"])

@@ -133,7 +133,7 @@ class DPOImplicitReward:
 
 def run_dpo(cfg: RunConfig, out_dir: str | Path | None = None, log=print) -> dict:
     """Trains cfg.model.path with DPO on cfg.dpo.pairs for train.steps steps; returns (and writes) the summary."""
-    from posttrain.evals.heldout import greedy_accuracy
+    from posttrain.training.heldout import greedy_accuracy
     from posttrain.tasks import load_task
     from posttrain.tracking import MetricsWriter
     from posttrain.training.sft import batch_indices, save_model_dir
@@ -218,7 +218,7 @@ def save_lora_policy(adapters, tokenizer, model_dir: Path, run_dir: Path, base_p
     peft's format, with the base model's path and content hash, to run_dir/adapter; returns the adapter dir."""
     import shutil
 
-    from posttrain.evals.runner import model_content_hash
+    from posttrain.models.loading import model_content_hash
     from posttrain.models.lora import ADAPTER_DIR, save_adapter
     from posttrain.training.sft import save_model_dir
 

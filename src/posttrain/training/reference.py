@@ -7,7 +7,7 @@ import torch
 
 from posttrain.config import RunConfig
 from posttrain.models.loading import load_causal_lm
-from posttrain.orchestration.stacks import ActorProcess
+from posttrain.remote.stacks import ActorProcess
 from posttrain.training.batch import completion_logprobs, pack
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from posttrain.algorithms.common import masked_mean, token_logprobs
-from posttrain.evals.heldout import greedy_accuracy
+from posttrain.training.heldout import greedy_accuracy
 from posttrain.models.loading import PromptEncoder, load_causal_lm
 from posttrain.tasks import load_task
 

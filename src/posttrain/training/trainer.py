@@ -15,13 +15,12 @@ from posttrain.algorithms.advantages import kl_in_reward, sampled_token_budget
 from posttrain.algorithms.grpo import clipped_policy_loss
 from posttrain.config import RunConfig
 from posttrain.models.loading import load_causal_lm
-from posttrain.orchestration.faults import maybe_wedge
-from posttrain.orchestration.stacks import ActorProcess
+from posttrain.remote.faults import maybe_wedge
+from posttrain.remote.stacks import ActorProcess
 from posttrain.algorithms.off_policy import behaviour_logprobs
 from posttrain.training.accumulation import loss_share, micro_batches
 from posttrain.training.batch import PackedBatch, completion_logprobs, pack
-
-TRAINER_STATE = "trainer_state.pt"
+from posttrain.training.trainer_state import TRAINER_STATE, jsonable, load_sharded_optimizer, tuplify
 
 
 @dataclass
@@ -82,7 +81,7 @@ class Trainer(ActorProcess):
         self.model, self.tokenizer = load_causal_lm(model_dir, self.cfg.model.dtype)
         self.lora = None  # model.lora: the PeftModel around self.model, whose targets now carry the adapters
         if self.cfg.model.lora is not None:
-            from posttrain.evals.runner import model_content_hash
+            from posttrain.models.loading import model_content_hash
             from posttrain.models.lora import apply_lora
 
             self.lora = apply_lora(self.model, self.cfg.model.lora, model_dir)
@@ -123,7 +122,7 @@ class Trainer(ActorProcess):
         )
 
     def train_step(self, batch: TrainBatch) -> dict:
-        maybe_wedge("train")  # a recovery test's hang (orchestration/faults.py); nothing otherwise
+        maybe_wedge("train")  # a recovery test's hang (remote/faults.py); nothing otherwise
         a = self.cfg.algorithm
         x = self._step_inputs(batch)
         n, T = x.mask.shape
@@ -170,7 +169,7 @@ class Trainer(ActorProcess):
         temp = self.cfg.rollout.temperature or 1.0
         self.model.eval()  # no dropout in these models, but be explicit: old logprobs come from the same function
         with torch.no_grad():
-            parts = [completion_logprobs(self.model, _select(packed, rows), temp, with_entropy=True)
+            parts = [completion_logprobs(self.model, packed.select(rows), temp, with_entropy=True)
                      for rows in micro_batches(torch.arange(packed.targets.shape[0]), self.cfg.train.micro_batch)]
         self.model.train()
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -200,7 +199,7 @@ class Trainer(ActorProcess):
     def _micro_batch_loss(self, x: StepInputs, rows: torch.Tensor, old_lp: torch.Tensor, record):
         """The policy loss of batch rows `rows` alone (PolicyLossOutput), its logprobs with gradients."""
         a = self.cfg.algorithm
-        sub = _select(x.packed, rows)
+        sub = x.packed.select(rows)
         temp = self.cfg.rollout.temperature or 1.0
         if record is None:
             lp = completion_logprobs(self.model, sub, temp)
@@ -229,15 +228,15 @@ class Trainer(ActorProcess):
     # ------------------------------------------------------------------ weights and checkpoints
 
     def export_weights(self) -> bytes:
-        from posttrain.rollout.weights import export_weights, payload_as_safetensors
+        from posttrain.models.weights import export_weights, payload_as_safetensors
 
         if self.lora is not None:  # the same payload as export_arrays (partial, or the adapter), as bytes
             return payload_as_safetensors(self.export_arrays())
         return export_weights(self.model)
 
     def export_arrays(self) -> dict:
-        """The weights as an array payload (rollout/weights.py): what the loop syncs engines with."""
-        from posttrain.rollout.weights import arrays_from_tensors, export_arrays
+        """The weights as an array payload (models/weights.py): what the loop syncs engines with."""
+        from posttrain.models.weights import arrays_from_tensors, export_arrays
 
         if self.lora is not None and self.cfg.model.lora.sync == "adapter":  # the adapter itself, served by vLLM
             from posttrain.models.lora import adapter_payload
@@ -263,7 +262,7 @@ class Trainer(ActorProcess):
             self.tokenizer.save_pretrained(str(d / "model"))
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "updates": self.updates,
-             "python_rng": list(_jsonable(random.getstate()))},
+             "python_rng": list(jsonable(random.getstate()))},
             d / TRAINER_STATE,
         )
 
@@ -280,11 +279,9 @@ class Trainer(ActorProcess):
         if "optimizer" in ts:
             self.optimizer.load_state_dict(ts["optimizer"])
         else:  # written by the sharded trainer (topology.trainer_ranks > 1): the states are in its shards
-            from posttrain.training.distributed import load_sharded_optimizer
-
             load_sharded_optimizer(self.model, self.optimizer, d)
         torch.set_rng_state(ts["torch_rng"])
-        random.setstate(_tuplify(ts["python_rng"]))
+        random.setstate(tuplify(ts["python_rng"]))
         self.updates = int(ts["updates"])
 
     def _load_full_weights(self, d: Path) -> None:
@@ -309,20 +306,3 @@ def _advantage_tensor(advantages, width: int, dtype: torch.dtype) -> torch.Tenso
     if advantages and isinstance(advantages[0], (list, tuple)):
         return pad_rows(advantages, width, dtype)
     return torch.tensor(advantages, dtype=dtype)
-
-
-def _select(packed: PackedBatch, idx: torch.Tensor) -> PackedBatch:
-    return PackedBatch(
-        packed.input_ids[idx], packed.attention_mask[idx], packed.targets[idx], packed.completion_mask[idx],
-        packed.starts[idx], packed.packed_rows,
-    )
-
-
-def _jsonable(state):
-    version, internal, gauss = state
-    return [version, list(internal), gauss]
-
-
-def _tuplify(state):
-    version, internal, gauss = state
-    return (int(version), tuple(int(x) for x in internal), gauss)

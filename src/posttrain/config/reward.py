@@ -1,11 +1,16 @@
 """The run config's reward sections: how samples are scored (sources and weights, user reward functions, the LLM
-judge) and what a failed score becomes. Part of the one run config (config.py re-exports these classes)."""
+judge) and what a failed score becomes. Part of the one run config (config/__init__.py re-exports these classes)."""
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, model_validator
 
-from posttrain.config_base import _Section
+from posttrain.config.base import _Section
+
+# the built-in reward sources: names used in `reward.weights` and logged as `reward/<name>` (rewards/compose.py)
+SOURCES = ("verifier", "rm", "judge", "length", "format", "environment")
 
 
 class JudgeConfig(_Section):
@@ -81,10 +86,6 @@ class RewardConfig(_Section):
 
     @model_validator(mode="after")
     def _check_sources(self) -> "RewardConfig":
-        import re
-
-        from posttrain.rewards.compose import SOURCES
-
         unknown = sorted(set(self.weights) - set(SOURCES))
         if unknown:
             raise ValueError(f"reward.weights: unknown source(s) {unknown}; use any of {list(SOURCES)} (reward "

@@ -1,5 +1,5 @@
 """The run config's operations section: who is told what happens to a run while nobody watches it (webhook
-notifications, tracking/notify.py). Part of the one run config (config.py re-exports these classes)."""
+notifications, tracking/notify.py). Part of the one run config (config/__init__.py re-exports these classes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from posttrain.config_base import _Section
+from posttrain.config.base import _Section
 
 # Every event a run can notify about. Declared here, in one place, so that a config naming one that later work
 # emits (node loss, hangs) is valid today, and a misspelt one is an error, not a webhook that never fires.

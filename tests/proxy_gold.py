@@ -1,6 +1,7 @@
 """Proxy reward beside gold on fixed problems: greedy completions of a policy directory, scored by a reward model
 (normalized, as the loop sees it) and by the task's hidden gold function. Comparing a run's first and last
-policy on the same problems takes the prompt-to-prompt noise out of the per-step `reward/rm` curve."""
+policy on the same problems takes the prompt-to-prompt noise out of the per-step `reward/rm` curve. A helper of
+tests/test_rlhf_integration.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ def greedy_proxy_and_gold(policy_dir: str | Path, rm_dir: str | Path, task, prob
                           max_new_tokens: int = 8) -> dict[str, float]:
     """{"proxy": mean normalized RM score, "gold": mean gold score, "exact": exact-match share, "n": problems}
     of the policy's greedy completions of `problems`."""
-    from posttrain.evals.heldout import greedy_accuracy
+    from posttrain.training.heldout import greedy_accuracy
     from posttrain.models.loading import PromptEncoder, load_causal_lm
     from posttrain.rewards.reward_model import RewardModel
 

@@ -5,7 +5,7 @@ again and loads the weights of `model.path`, not the policy's current ones. The 
 restarted actor answers, lets the caller bring it up to date (`resync`: push the trainer's current weights) and
 resubmits exactly the same share (same prompts, same sampling seeds), so no sample is lost or produced twice.
 An error raised *inside* a task (a bug, a bad request) is not a dead process: it propagates unchanged. A worker
-the watchdog found hung (orchestration/watchdog.py) is killed and restarted, and its share is redone the same way.
+the watchdog found hung (remote/watchdog.py) is killed and restarted, and its share is redone the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from posttrain.preemption import stop_if_cluster_stopped
+from posttrain.remote.watchdog import RolesLost, watched_get
 
 REDO_ATTEMPTS = 3          # a share is redone at most this many times (the actors' max_restarts is the same)
 RESTART_TIMEOUT_S = 600.0  # a vLLM engine restart takes 20-60 s on a loaded 2-core machine
@@ -62,13 +63,11 @@ def gather_with_redo(
 ) -> list[Any]:
     """`submit(i)` sends worker i its share and returns the ObjectRef; returns the results in worker order.
     A share whose worker process died is redone on the restarted worker (after `resync(worker)`). With a
-    `watchdog` (orchestration/watchdog.py), a share running past the bound of its `kind` is a hang: the watchdog
+    `watchdog` (remote/watchdog.py), a share running past the bound of its `kind` is a hang: the watchdog
     restarts worker i, and its share is redone the same way. `leave(worker, error)` (an elastic fleet's,
     rollout/elastic.py) is asked first: True when the dead worker was an extra and has left the fleet; its
     result is then LEFT, for the caller to redo on the workers still there."""
     from ray.exceptions import RayActorError
-
-    from posttrain.orchestration.watchdog import watched_get
 
     refs = [submit(i) for i in range(len(workers))]
     submitted = time.monotonic()
@@ -97,12 +96,3 @@ def gather_with_redo(
                 ref = None
     return results
 
-
-class RolesLost(RuntimeError):
-    """A role that holds state the driver cannot hand back (a trainer rank, the critic, the evaluator) is gone: its
-    process or node died, or the watchdog killed it after a hang. The run (loop.py) re-creates its roles and
-    resumes from the last checkpoint in process, or exits 76 when the cluster cannot hold the plan any more."""
-
-    def __init__(self, role: str, reason: str):
-        super().__init__(f"{role}: {reason}")
-        self.role, self.reason = role, reason

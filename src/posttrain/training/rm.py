@@ -7,7 +7,8 @@ the adapter in peft's format in rm.out/adapter.
     posttrain rm pairs cfg.yaml            # built-in pairs labelled by the hidden gold function (addition)
     posttrain rm train cfg.yaml            # rm.data -> rm.out
 
-Plain torch + transformers in-process (no Ray), deterministic given `seed`.
+Plain torch + transformers in-process (no Ray), deterministic given `seed`. What reads the saved directory (encoding,
+scores, loading) is in rewards/reward_model.py.
 """
 
 from __future__ import annotations
@@ -21,15 +22,14 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from posttrain.algorithms.common import at_least_float32
-from posttrain.models.loading import PromptEncoder, check_model_dir, load_tokenizer
+from posttrain.models.loading import PromptEncoder
 from posttrain.rewards.bradley_terry import bradley_terry_loss, mean_margin, pairwise_accuracy, reward_stats
-from posttrain.rewards.preferences import PreferencePair, Text, read_preferences
+from posttrain.rewards.preferences import PreferencePair, read_preferences
+from posttrain.rewards.reward_model import STATS_FILE, encode_sample, load_backbone, scores
+from posttrain.training.sft import save_model_dir
 
 if TYPE_CHECKING:
     from posttrain.config import RunConfig
-
-STATS_FILE = "posttrain_reward.json"
 
 
 @dataclass
@@ -45,100 +45,12 @@ class RMResult:
     history: list[dict] = field(default_factory=list)  # per epoch: loss, heldout_accuracy, heldout_margin
 
 
-# ---------------------------------------------------------------- encoding: pure given a tokenizer
-
-
-def _messages(value: Text, role: str) -> list[dict]:
-    return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
-
-
-def encode_sample(encoder: PromptEncoder, prompt: Text, completion: Text, max_len: int) -> list[int]:
-    """Token ids the reward model reads for (prompt, completion): the prompt as the policy sees it, the completion,
-    then EOS — the same ids the loop's samples have. Chat-format lists go through the tokenizer's chat template
-    (or are joined by spaces when it has none). Longer sequences keep their last max_len tokens."""
-    tok = encoder.tokenizer
-    if isinstance(prompt, str) and isinstance(completion, str):
-        ids = encoder.encode(prompt) + list(tok(completion, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
-    else:
-        msgs = _messages(prompt, "user") + _messages(completion, "assistant")
-        if encoder.use_chat:
-            text = tok.apply_chat_template(msgs, tokenize=False)
-            ids = list(tok(text, add_special_tokens=False)["input_ids"])
-        else:
-            text = " ".join(m["content"] for m in msgs)
-            ids = list(tok(text, add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
-    return ids[-max_len:]
-
-
-def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pads to (input_ids [N, T], attention_mask [N, T])."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
-    return ids, mask
-
-
 def split_heldout(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """(train indices, held-out indices): a seeded shuffle, at least one pair on each side."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
     k = min(n - 1, max(1, round(n * fraction)))
     return sorted(order[k:]), sorted(order[:k])
-
-
-# ---------------------------------------------------------------- model I/O
-
-
-def scores(model, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
-    """Scalar reward per sequence [N]. The classifier reads the last non-pad token; sequences end in EOS."""
-    ids, mask = pad_batch(seqs, pad_id)
-    return at_least_float32(model(input_ids=ids, attention_mask=mask).logits[:, 0])
-
-
-def load_backbone(path: str | Path, field: str):
-    """A sequence-classification model with a 1-output head over the causal LM (or reward model) in `path`."""
-    from transformers import AutoModelForSequenceClassification
-
-    p = check_model_dir(path, field=field)
-    tok = load_tokenizer(p)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(p), num_labels=1, pad_token_id=tok.pad_token_id, dtype=torch.float32
-    )
-    model.config.pad_token_id = tok.pad_token_id
-    return model, tok
-
-
-def check_reward_model_dir(path: str | Path, field: str = "reward.rm_path") -> Path:
-    """A model directory with the reward statistics `posttrain rm train` writes beside it (checked in the driver,
-    before an actor loads it)."""
-    from posttrain.errors import PosttrainError
-    from posttrain.models.loading import check_model_dir
-
-    if not Path(path).is_dir():
-        raise PosttrainError(f"{field}: reward-model directory {path} does not exist",
-                             hint="train one with `posttrain rm train` (it writes rm.out) and point this key at it")
-    p = check_model_dir(path, field=field)
-    if not (p / STATS_FILE).is_file():
-        raise PosttrainError(f"{field}: {p} has no {STATS_FILE} (reward mean/std), so it is not a reward model",
-                             hint="use a directory written by `posttrain rm train`")
-    return p
-
-
-def load_reward_model(path: str | Path, field: str = "reward.rm_path"):
-    """(model in eval mode, tokenizer, {"mean", "std", ...}) from a directory `posttrain rm train` wrote."""
-    from posttrain.errors import PosttrainError
-
-    p = Path(path)
-    model, tok = load_backbone(p, field)
-    stats_file = p / STATS_FILE
-    if not stats_file.is_file():
-        raise PosttrainError(f"{field}: {p} has no {STATS_FILE} (reward mean/std)",
-                             hint="use a directory written by `posttrain rm train`")
-    model.eval()
-    return model, tok, json.loads(stats_file.read_text())
 
 
 # ---------------------------------------------------------------- the run
@@ -174,8 +86,6 @@ def train_reward_model(cfg: "RunConfig", log: Callable[[str], None] = lambda m: 
 
 
 def _train(cfg: "RunConfig", log, progress) -> RMResult:
-    from posttrain.training.sft import save_model_dir
-
     t0 = time.perf_counter()
     rm = cfg.rm
     torch.manual_seed(cfg.seed)
@@ -241,9 +151,8 @@ def _save_lora_reward_model(adapters, tok, rm) -> Path:
     import os
     import shutil
 
-    from posttrain.evals.runner import model_content_hash
+    from posttrain.models.loading import model_content_hash
     from posttrain.models.lora import ADAPTER_DIR, save_adapter
-    from posttrain.training.sft import save_model_dir
 
     out = Path(rm.out)
     staged = out.with_name(f".{out.name}.adapter-{os.getpid()}")

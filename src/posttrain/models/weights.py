@@ -9,7 +9,7 @@ Two payloads, both keyed by HF parameter names; every engine's `update_weights` 
 
 Tied weights (e.g. `lm_head.weight` sharing storage with `model.embed_tokens.weight`) are written once
 (safetensors refuses shared storage), under the input embedding's name when it is one of them, as HF's own
-checkpoints do. The receivers fill the tied head from it: vLLM through `vllm_sync.WeightSyncExtension` (which
+checkpoints do. The receivers fill the tied head from it: vLLM through `rollout.vllm_sync.WeightSyncExtension` (which
 rebuilds the head's kernel copy), the HF engine through the shared parameter.
 """
 

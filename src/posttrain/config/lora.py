@@ -1,8 +1,8 @@
 """The run config's LoRA sections (`model.lora` for the policy, online and DPO; `rm.lora` for reward-model
 training): low-rank adapters trained through peft instead of the full weights. Absent = full fine-tuning. Messages
-name the section as FIELD (config.py's error formatter puts the real one, model.lora or rm.lora, in its place).
-Part of the one run config (config.py re-exports it). Whether target_modules name linear layers of the model is checked where the model is
-loaded (models/lora.py), since only the model knows its layer names."""
+name the section as FIELD (config/io.py's error formatter puts the real one, model.lora or rm.lora, in its place).
+Part of the one run config (config/__init__.py re-exports it). Whether target_modules name linear layers of the
+model is checked where the model is loaded (models/lora.py), since only the model knows its layer names."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from posttrain.config_base import _Section
+from posttrain.config.base import _Section
 
 FIELD = "<lora section>"  # in validator messages: the formatter replaces it with the section's dotted name
 

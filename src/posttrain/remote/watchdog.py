@@ -8,7 +8,7 @@ kernels, the first train step allocates its optimizer state).
 
 On a hang the watchdog writes every role's Python stacks and the driver's to runs/<name>/hangs/<step>/ (stacks.py),
 sends `hang_detected` (ops.notify), and then, by role:
-- a rollout worker is killed and restarted by Ray; its caller (recovery.gather_with_redo) sees the actor die,
+- a rollout worker is killed and restarted by Ray; its caller (redo.gather_with_redo) sees the actor die,
   syncs the trainer's weights into the new engine and redoes the same share with the same seeds;
 - the reward worker, the reference and the reward model (fixed functions: restarted, they compute the same thing)
   are killed and restarted by Ray, which retries the pending call itself (their actors' max_task_retries);
@@ -29,9 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from posttrain.orchestration.recovery import RolesLost
-from posttrain.orchestration.roles import role_actors
-from posttrain.orchestration.stacks import ask_processes, dump_stacks, new_hang_dir
+from posttrain.remote.stacks import ask_processes, dump_stacks, new_hang_dir
 from posttrain.tracking.interruptions import record_interruption
 
 RECENT = 20      # durations kept per (kind, role): the median follows a run whose steps slow down or speed up
@@ -40,6 +38,16 @@ STATEFUL = ("trainer", "critic", "evaluator")  # a restart loses their state: th
 START_ASK_S = 60.0  # every role answers process() at the start; on a loaded machine a fresh actor takes seconds
 
 Call = tuple  # (ObjectRef, kind, role): what a call site hands the watchdog for one remote call
+
+
+class RolesLost(RuntimeError):
+    """A role that holds state the driver cannot hand back (a trainer rank, the critic, the evaluator) is gone: its
+    process or node died, or the watchdog killed it after a hang. The run (loop.py) re-creates its roles and
+    resumes from the last checkpoint in process, or exits 76 when the cluster cannot hold the plan any more."""
+
+    def __init__(self, role: str, reason: str):
+        super().__init__(f"{role}: {reason}")
+        self.role, self.reason = role, reason
 
 
 def hang_bound(durations: Iterable[float], factor: float, min_s: float, cold_s: float) -> float:
@@ -80,15 +88,16 @@ class Hang:
 
 
 class Watchdog:
-    """Bounds the driver's waits on `roles` (orchestration/roles.py Roles). `step` is set by the run (the step in
-    progress, as numbered in metrics.jsonl); `hangs` counts the hangs detected. Safe to use from several driver
-    threads (one-step-off rollout waits in its own)."""
+    """Bounds the driver's waits on the run's actors: `actors()` returns them now, role name -> actor handle
+    (the run passes `lambda: role_actors(roles)`, orchestration/roles.py; asked anew each time, since a re-formed
+    run has new ones). `step` is set by the run (the step in progress, as numbered in metrics.jsonl); `hangs`
+    counts the hangs detected. Safe to use from several driver threads (one-step-off rollout waits in its own)."""
 
-    def __init__(self, cfg, roles, notify: Callable[..., None] | None = None, log: Callable[[str], None] = _stderr):
+    def __init__(self, cfg, actors: Callable[[], dict[str, Any]], notify: Callable[..., None] | None = None, log: Callable[[str], None] = _stderr):
         ops = cfg.ops
         self.factor, self.min_s, self.cold_s = ops.hang_factor, ops.hang_min_seconds, ops.hang_cold_seconds
         self.run_dir = Path(cfg.run_dir)
-        self.roles = roles
+        self.actors = actors
         self.notify = notify or (lambda event, **fields: None)
         self.log = log
         self.step = 0
@@ -98,7 +107,7 @@ class Watchdog:
         self._paused_s = 0.0  # driver time spent dumping stacks: other calls' deadlines move by it
         self._lock = threading.Lock()
         # A hung actor cannot say where it is: ask every role now, while all of them answer.
-        self.processes = ask_processes(role_actors(roles), START_ASK_S)
+        self.processes = ask_processes(actors(), START_ASK_S)
 
     def _recent(self, kind: str, role: str) -> list[float]:
         with self._lock:
@@ -173,7 +182,7 @@ class Watchdog:
         t0, detected = time.monotonic(), time.time()
         with self._lock:
             self.hangs += len(hangs)
-        actors = role_actors(self.roles)
+        actors = self.actors()
         stuck = {role_family(h.role) for h in hangs}
         self.processes.update(ask_processes({r: a for r, a in actors.items() if role_family(r) not in stuck}))
         out_dir = new_hang_dir(self.run_dir, hangs[0].step)
@@ -219,7 +228,7 @@ class Watchdog:
         self.notify("hang_recovered", step=hang.step, kind=hang.kind, role=hang.role, recovery_s=round(took, 3),
                     stacks=str(hang.stacks))
         self.log(f"hang at step {hang.step} recovered: {hang.role} restarted, its {hang.kind} redone ({took:.1f} s)")
-        actor = role_actors(self.roles).get(hang.role)
+        actor = self.actors().get(hang.role)
         if actor is not None:  # the restarted process: a new pid
             self.processes.update(ask_processes({hang.role: actor}))
 

@@ -1,5 +1,5 @@
-"""The run config: one YAML file validated once with pydantic, dotted overrides from the command line, and errors
-that name the key, the value and what is allowed. The sections are here; reading, overrides and errors in config_io.py.
+"""The run config's sections, RunConfig at their top: the keys of the one YAML file, their types, defaults, limits
+and meanings. Reading, dotted overrides and validation errors are in config/io.py.
 
     posttrain train run.yaml algorithm.kl_coef=0.02 rollout.num_workers=2
 """
@@ -13,15 +13,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from posttrain.config_base import _Section
-# the LoRA section lives in its own file, re-exported here
-from posttrain.config_lora import FIELD as LORA_FIELD, AdapterConfig, LoraConfig  # noqa: F401
-# the ops section (notifications) lives in its own file, re-exported here like the reward sections
-from posttrain.config_ops import EVENTS, NotifyTarget, OpsConfig  # noqa: F401
-# the reward sections live in their own file; re-exported here, where every caller imports config from
-from posttrain.config_reward import JudgeConfig, RewardConfig, RewardFunctionConfig  # noqa: F401
-
-
+from posttrain.config.base import _Section
+from posttrain.config.lora import AdapterConfig, LoraConfig
+from posttrain.config.ops import OpsConfig
+from posttrain.config.reward import RewardConfig
 
 
 class ModelConfig(_Section):
@@ -80,7 +75,7 @@ class TaskConfig(_Section):
         description="exact: 1 for the exact answer, else 0; digits: share of answer digits right (aligned from the "
         "right, 1 only for the exact answer); last_number: 1 when the completion's last number is the answer ('The "
         "answer is 12.'); python: the completion is a program run in the sandbox "
-        "(rewards/sandbox.py), 1 when it prints the answer. Held-out accuracy counts reward 1 as solved.",
+        "(sandbox.py), 1 when it prints the answer. Held-out accuracy counts reward 1 as solved.",
     )
 
     @model_validator(mode="after")
@@ -143,13 +138,13 @@ class AlgorithmConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        from posttrain.algorithms.presets import apply_preset
+        from posttrain.config.algorithm_presets import apply_preset
 
         return apply_preset(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _check(self) -> "AlgorithmConfig":
-        from posttrain.algorithms.presets import GROUP_ALGORITHMS
+        from posttrain.config.algorithm_presets import GROUP_ALGORITHMS
 
         if self.group_size < 1 or (self.group_size < 2 and self.name in GROUP_ALGORITHMS):
             raise ValueError(
@@ -537,14 +532,3 @@ class RunConfig(_Section):
         d = self.to_dict()
         return hashlib.sha256(json.dumps({k: d[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
 
-
-# reading, overrides, validation errors and the reference table live in config_io.py, re-exported here
-from posttrain.config_io import (  # noqa: E402,F401
-    apply_overrides,
-    config_reference_markdown,
-    dump_config,
-    load_config,
-    parse_override,
-    read_yaml,
-    validate_config,
-)

@@ -1,5 +1,5 @@
 """A chaos hook for recovery tests, like Ray's own testing hooks (e.g. RAY_testing_asio_delay_us): a role's method
-can be made to wedge once, on purpose, so a test can show that the watchdog (orchestration/watchdog.py) detects the
+can be made to wedge once, on purpose, so a test can show that the watchdog (remote/watchdog.py) detects the
 hang, dumps the stacks, restarts the actor and redoes its work.
 
 Off unless the environment variable POSTTRAIN_FAULTS_DIR names a directory; then `maybe_wedge(point)` looks for the

@@ -1,21 +1,19 @@
 """Reading and checking run configs: the YAML file, dotted command-line overrides, one validation with errors that
 name the key, the value and what is allowed, and the config reference table of the README. The sections themselves
-are in config.py, which re-exports everything here."""
+are in config/sections.py; config/__init__.py re-exports both."""
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from posttrain.config_lora import FIELD as LORA_FIELD
+from posttrain.config.lora import FIELD as LORA_FIELD
+from posttrain.config.sections import RunConfig
 from posttrain.errors import PosttrainError
-
-if TYPE_CHECKING:
-    from posttrain.config import RunConfig
 
 
 def _allowed_keys(model_cls: type[BaseModel]) -> list[str]:
@@ -23,8 +21,6 @@ def _allowed_keys(model_cls: type[BaseModel]) -> list[str]:
 
 
 def _section_class(loc: tuple) -> type[BaseModel]:
-    from posttrain.config import RunConfig  # here: config.py re-exports this module at its end
-
     cls: type[BaseModel] = RunConfig
     for part in loc:
         field = cls.model_fields.get(str(part))
@@ -114,8 +110,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def validate_config(data: dict[str, Any], source: str = "config") -> RunConfig:
-    from posttrain.config import RunConfig
-
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
@@ -147,8 +141,6 @@ def config_reference_markdown() -> str:
             type_name = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
             desc = (field.description or "").replace("|", "\\|")
             rows.append(f"| `{prefix}{name}` | {type_name.replace('|', chr(92) + '|')} | `{default!r}` | {desc} |")
-
-    from posttrain.config import RunConfig
 
     walk(RunConfig, "")
     return "\n".join(rows)

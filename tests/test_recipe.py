@@ -1,0 +1,48 @@
+"""The shape the in-process trainings share (training/recipe.py) and the SFT loop that SFT and SFT on traces share:
+the loss sees the callers' loss masks (answer or assistant tokens only), the caller's thread setting comes back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.config import load_config
+from posttrain.models.loading import PromptEncoder, load_causal_lm
+from posttrain.tasks import load_task
+from posttrain.training import sft as sft_module
+from posttrain.training.recipe import run_recipe
+
+
+def test_the_sft_loop_takes_its_loss_on_the_callers_mask_only(tiny_model_dir, monkeypatch):
+    cfg = load_config(None, ["task.train_size=40", "task.heldout_size=5", "sft.batch_size=8", "sft.max_steps=3"])
+    model, tok = load_causal_lm(tiny_model_dir)
+    encoder = PromptEncoder(tok)
+    examples = [sft_module.encode_sft_example(encoder, p) for p in load_task(cfg.task, cfg.seed).train]
+    by_ids = {tuple(ids): mask for ids, mask in examples}
+    seen = []
+    real_loss = sft_module.sft_loss
+
+    def recording_loss(logits, input_ids, loss_mask):
+        seen.append((input_ids.clone(), loss_mask.clone()))
+        return real_loss(logits, input_ids, loss_mask)
+
+    monkeypatch.setattr(sft_module, "sft_loss", recording_loss)
+    steps = list(sft_module.sft_steps(model, examples, tok.pad_token_id, cfg.sft, cfg.seed))
+    assert [s for s, _ in steps] == [1, 2, 3] and len(seen) == 3
+    for ids, mask in seen:
+        for row, m in zip(ids.tolist(), mask.tolist()):
+            n = next(k for k in range(len(row), 0, -1) if tuple(row[:k]) in by_ids)
+            assert m == by_ids[tuple(row[:n])] + [0] * (len(row) - n)  # answer + EOS, never prompt or padding
+
+
+def test_run_recipe_restores_the_callers_threads_on_error():
+    cfg = load_config(None, ["topology.torch_threads=1"])
+    before = torch.get_num_threads()
+
+    def setup():
+        assert torch.get_num_threads() == 1
+        raise RuntimeError("setup failed")
+
+    with pytest.raises(RuntimeError, match="setup failed"):
+        run_recipe(cfg, setup, lambda s: s, lambda s, t: t)
+    assert torch.get_num_threads() == before
