@@ -18,6 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # benchmarks/common.py, also when a test loads this file by its path
+    sys.path.append(str(HERE))
+from common import machine, md_table, run_posttrain, write_json  # noqa: E402
+
 ONLINE = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo")
 ALGORITHMS = ONLINE + ("dpo",)
 
@@ -93,16 +98,8 @@ def run_online(name: str, model_dir: str, runs_dir: str, steps: int, seed: int, 
                extra: tuple[str, ...] = (), probe: bool = True) -> dict:
     """One run of an online algorithm; `extra` overrides go last (the test's objective); `probe`: measure the
     paired held-out probe (start vs final model)."""
-    from posttrain.config import load_config
-    from posttrain.loop import remove_run, train
-    from posttrain.tracking import read_metrics
-
-    cfg = load_config(None, [*run_overrides(name, model_dir, runs_dir, steps, seed, engine), *extra])
-    remove_run(cfg.run_dir)
-    t0 = time.perf_counter()
-    summary = train(cfg, progress=False)
-    wall = time.perf_counter() - t0
-    metrics = [m for m in read_metrics(cfg.run_dir) if "time/step" in m]
+    run = run_posttrain([*run_overrides(name, model_dir, runs_dir, steps, seed, engine), *extra])
+    cfg, summary, wall, metrics = run.cfg, run.summary, run.train_seconds, run.steps
     first, last = window_means([m["reward_mean"] for m in metrics], k)
     return {
         "algorithm": name, "steps": steps, "reward_first_k": first, "reward_last_k": last, "k": k,
@@ -133,7 +130,7 @@ def run_dpo_bench(model_dir: str, runs_dir: str, steps: int, seed: int) -> dict:
 
 
 def needs(name: str) -> dict:
-    from posttrain.algorithms.presets import GROUP_ALGORITHMS
+    from posttrain.config.algorithm_presets import GROUP_ALGORITHMS
 
     return {"critic": name == "ppo", "groups": name in GROUP_ALGORITHMS,
             "reference": "loss KL" if name in ("grpo", "dr_grpo", "rloo") else "reward KL" if name in (
@@ -142,13 +139,12 @@ def needs(name: str) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    out = ["| algorithm | train reward first→last k steps | held-out acc before → after | mean step (s) |",
-           "|---|---|---|---|"]
-    for r in rows:
-        rew = f"{r['reward_first_k']:.3f} → {r['reward_last_k']:.3f}" if "reward_first_k" in r else "— (offline)"
-        out.append(f"| {r['algorithm']} | {rew} | {100 * r['heldout_before']:.1f}% → {100 * r['heldout_after']:.1f}% "
-                   f"| {r['mean_step_seconds']:.3f} |")
-    return "\n".join(out)
+    return md_table(
+        ["algorithm", "train reward first→last k steps", "held-out acc before → after", "mean step (s)"],
+        [[r["algorithm"],
+          f"{r['reward_first_k']:.3f} → {r['reward_last_k']:.3f}" if "reward_first_k" in r else "— (offline)",
+          f"{100 * r['heldout_before']:.1f}% → {100 * r['heldout_after']:.1f}%", f"{r['mean_step_seconds']:.3f}"]
+         for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine", default="hf", choices=("hf", "vllm"))
     ap.add_argument("--runs-dir", default="runs/bench-algorithms")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "algorithms.json"))
+    ap.add_argument("--out", default=str(HERE / "results" / "algorithms.json"))
     args = ap.parse_args(argv)
 
     from posttrain.config import RayConfig
@@ -178,12 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     finally:
         stop_ray()
-    from posttrain.machine import describe_machine
-
-    result = {"machine": describe_machine(), "seed": args.seed,
+    result = {"machine": machine(), "seed": args.seed,
               "steps": args.steps, "engine": args.engine, "batch": "32 prompts x 8 samples", "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(markdown_table(rows))
     return 0
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
+from common import median, write_json
 
 from posttrain.machine import cpu_flags, describe_machine, has_native_bf16
 from posttrain.models.loading import PromptEncoder, load_causal_lm
@@ -103,13 +103,13 @@ def main() -> None:
         "logprob_gap_nats_per_token": {"mean": gap.mean().item(), "max": gap.max().item(),
                                        "p99": gap.quantile(0.99).item()},
         "sequence_log_ratio_abs": {"mean": seq_gap.mean().item(), "max": seq_gap.max().item()},
-        "fwd_bwd_seconds_median": {k: statistics.median(v) for k, v in times.items()},
+        "fwd_bwd_seconds_median": {k: median(v) for k, v in times.items()},
         "fwd_bwd_seconds": times,
         "bf16_adamw_first_step_share_of_weights_moved": survives,
         "cpu": machine["cpu"], "native_bf16": has_native_bf16(cpu_flags()),
         "torch_cpu_capability": machine["torch_cpu_capability"], "torch": machine["torch"],
     }
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(RESULTS, result)
     print(json.dumps(result, indent=1))
 
 

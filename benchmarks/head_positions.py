@@ -15,12 +15,12 @@ default to 64 at 4M and 16 at 94M so the whole run fits in ~2.5 minutes on 2 cor
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 from pathlib import Path
 
+import common
 import torch
+from common import loadavg, median, round_order, write_json
 
 from posttrain.algorithms.common import token_entropy, token_logprobs
 from posttrain.models.tiny import TINY_SIZES
@@ -99,7 +99,7 @@ def measure(label: str, rows: int, rounds: int) -> dict:
 
     per_round = []
     for r in range(rounds):
-        order = ("old", "new") if r % 2 == 0 else ("new", "old")  # alternate who goes first against drift
+        order = round_order(("old", "new"), r)  # alternate who goes first against drift
         row = {"order": list(order)}
         model.eval()
         for v in order:
@@ -112,7 +112,7 @@ def measure(label: str, rows: int, rounds: int) -> dict:
         per_round.append({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()})
         print(label, per_round[-1], flush=True)
 
-    medians = {k: round(statistics.median(p[k] for p in per_round), 4)
+    medians = {k: round(median(p[k] for p in per_round), 4)
                for k in per_round[0] if k != "order"}
     L, T = batch.input_ids.shape[1], batch.targets.shape[1]
     return {
@@ -126,23 +126,15 @@ def measure(label: str, rows: int, rounds: int) -> dict:
 
 
 def machine(threads: int) -> dict:
-    import transformers
-
-    from posttrain.machine import describe_machine
-
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[:3]
-    return {**describe_machine(), "torch_threads": threads, "transformers": transformers.__version__,
-            "loadavg_1_5_15_min_at_start": load}
+    return common.machine(torch_threads=threads, transformers=common.library_version("transformers"),
+                          loadavg_1_5_15_min_at_start=loadavg())
 
 
 def write_results(out: dict, path: Path, t0: float) -> None:
     """Stamps the wall seconds since `t0` and the load at the end on `out`, and writes it as JSON to `path`."""
     out["wall_seconds"] = round(time.perf_counter() - t0, 1)
-    with open("/proc/loadavg") as f:
-        out["machine"]["loadavg_1_5_15_min_at_end"] = f.read().split()[:3]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    out["machine"]["loadavg_1_5_15_min_at_end"] = loadavg()
+    write_json(path, out, indent=2)
     print(f"wrote {path} ({out['wall_seconds']} s)")
 
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from common import median, round_order, write_json
 
 RESULTS = Path(__file__).resolve().parent / "results" / "lora_sync.json"
 SYNC_REPS = 3  # syncs per mode per round (median taken); one warm-up round before the measured ones
@@ -87,7 +88,7 @@ def payload_size(trainer) -> tuple[int, int]:
 
 
 def summary(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "all": values}
+    return {"min": min(values), "median": median(values), "all": values}
 
 
 def measure_variant(model_dir: str, overrides: list[str], rounds: int) -> dict:
@@ -98,15 +99,15 @@ def measure_variant(model_dir: str, overrides: list[str], rounds: int) -> dict:
     try:
         rows = {mode: {"sync_s": [], "load_s": [], "tokens_per_s": [], "step_s": []} for mode in MODES}
         for r in range(rounds + 1):  # round 0: warm-up
-            for mode in MODES if r % 2 else MODES[::-1]:
+            for mode in round_order(MODES[::-1], r):
                 trainer, worker = actors[mode]
                 timings = [sync(trainer, worker) for _ in range(SYNC_REPS)]
                 tokens, seconds = generate(worker, vocab)
                 if r == 0:
                     continue
                 row = rows[mode]
-                row["sync_s"].append(statistics.median(t for t, _ in timings))
-                row["load_s"].append(statistics.median(l for _, l in timings))
+                row["sync_s"].append(median(t for t, _ in timings))
+                row["load_s"].append(median(l for _, l in timings))
                 row["tokens_per_s"].append(tokens / seconds)
                 row["step_s"].append(row["sync_s"][-1] + seconds)  # one sync + the batch's generation
                 row["tokens"] = tokens
@@ -168,8 +169,8 @@ def main() -> None:
                   f"{r['sync_s']['median']:.3f} s (min {r['sync_s']['min']:.3f})  {r['tokens_per_s']['median']:6.0f} "
                   f"tok/s (max {max(r['tokens_per_s']['all']):.0f})  step {r['step_s']['median']:.2f} s "
                   f"(min {r['step_s']['min']:.2f})")
-    RESULTS.write_text(json.dumps({"size": args.size, "rounds": args.rounds, "sync_reps": SYNC_REPS, "batch": BATCH,
-                                   "variants": rows}, indent=1) + "\n")
+    write_json(RESULTS, {"size": args.size, "rounds": args.rounds, "sync_reps": SYNC_REPS, "batch": BATCH,
+                         "variants": rows})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ are built once. Writes benchmarks/results/model_sizes.json (after every run) and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -32,6 +31,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from common import log_to, machine, md_table, read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "runs" / "model-sizes"
@@ -54,8 +55,7 @@ LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
 POLL_S = 0.25
 
 
-def log(msg: str) -> None:
-    print(f"[model-sizes {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = log_to("model-sizes")
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -322,7 +322,7 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     if args.report_only:
-        print(markdown(json.loads(RESULTS.read_text())))
+        print(markdown(read_json(RESULTS)))
         return
     if args.build_only:
         for shape in args.shapes:
@@ -331,11 +331,8 @@ def main() -> None:
 
     from plan_validation import matmul_flops
 
-    from posttrain.machine import describe_machine
-
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
-    machine = describe_machine()
-    results["machine"] = machine
+    results = read_json(RESULTS, {"runs": {}})
+    results["machine"] = described = machine()
     results["matmul_flops"] = peak = matmul_flops()
     results["import_baseline_rss_bytes"] = import_baseline_rss()
     results["settings"] = {"steps": args.steps, "prompts_per_step": PROMPTS, "group_size": GROUP,
@@ -344,12 +341,11 @@ def main() -> None:
     for shape in args.shapes:
         for mode in args.modes:
             run = results["runs"][f"{shape}/{mode}"] = run_once(shape, mode, args.steps)
-            RESULTS.parent.mkdir(parents=True, exist_ok=True)
-            RESULTS.write_text(json.dumps(results, indent=1))  # after every run: a later failure keeps this one
+            write_json(RESULTS, results, end="")  # after every run: a later failure keeps this one
             completion = round(run.get("response_length_mean") or NEW_TOKENS)
             run["predicted"] = predict(run["config_file"], mean_prompt_tokens(run["config_file"]), completion, peak,
-                                       machine["memory_gib"])
-            RESULTS.write_text(json.dumps(results, indent=1))
+                                       described["memory_gib"])
+            write_json(RESULTS, results, end="")
     print(markdown(results))
 
 
@@ -367,12 +363,7 @@ def markdown(results: dict) -> str:
     """Two tables: memory per actor (predicted + import baseline vs measured peak RSS) and the step-time split."""
     m = results["machine"]
     base = results["import_baseline_rss_bytes"]
-    mem = [f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, torch {m['torch']}; matmul "
-           f"{results['matmul_flops'] / 1e9:.0f} GFLOP/s.", "",
-           "| shape | mode | trainable params | reference | actor | predicted GB | + import baseline | "
-           "measured peak RSS GB | error |", "|---|---|---|---|---|---|---|---|---|"]
-    split = ["| shape | mode | steps | step s | " + " | ".join(PHASES[1:]) + " | planner step s |",
-             "|---|---|---|---|" + "---|" * len(PHASES)]
+    mem, split = [], []  # rows of the two tables
     for key, run in results["runs"].items():
         shape, mode = key.split("/")
         pred = run["predicted"]
@@ -384,20 +375,24 @@ def markdown(results: dict) -> str:
                 continue
             with_base = p + base[actor] if p is not None else None
             err = f"{with_base / got - 1:+.0%}" if with_base and got else "-"
-            head = (f"| {shape} | {mode} | {pred['trainable_params']:,} | {pred['reference']} "
-                    if first else "| | | | ")
-            mem.append(f"{head}| {actor} | {_gb(p)} | {_gb(with_base)} | {_gb(got)} | {err} |")
+            head = [shape, mode, f"{pred['trainable_params']:,}", pred["reference"]] if first else ["", "", "", ""]
+            mem.append([*head, actor, _gb(p), _gb(with_base), _gb(got), err])
             first = False
         if run["returncode"] != 0:
-            mem.append(f"| | | | | exit {run['returncode']} after {run['steps_done']} steps | | | | |")
+            mem.append(["", "", "", "", f"exit {run['returncode']} after {run['steps_done']} steps", "", "", "", ""])
         ph = run.get("phase_seconds_mean", {})
-        split.append(f"| {shape} | {mode} | {run['steps_done']} | "
-                     + " | ".join(f"{ph[k]:.1f}" if k in ph else "-" for k in PHASES)
-                     + f" | {pred['step_seconds']:.1f} |")
-        split.append("| | planner | | | " + " | ".join(
-            f"{pred['phase_seconds'][PLANNER_PHASE[k]]:.1f}" if k in PLANNER_PHASE else "" for k in PHASES[1:])
-            + " | |")
-    return "\n".join(mem + [""] + split)
+        split.append([shape, mode, run["steps_done"], *(f"{ph[k]:.1f}" if k in ph else "-" for k in PHASES),
+                      f"{pred['step_seconds']:.1f}"])
+        split.append(["", "planner", "", "", *(f"{pred['phase_seconds'][PLANNER_PHASE[k]]:.1f}"
+                                              if k in PLANNER_PHASE else "" for k in PHASES[1:]), ""])
+    machine_line = (f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, torch {m['torch']}; matmul "
+                    f"{results['matmul_flops'] / 1e9:.0f} GFLOP/s.")
+    return "\n".join([
+        machine_line, "",
+        md_table(["shape", "mode", "trainable params", "reference", "actor", "predicted GB", "+ import baseline",
+                  "measured peak RSS GB", "error"], mem), "",
+        md_table(["shape", "mode", "steps", "step s", *PHASES[1:], "planner step s"], split),
+    ])
 
 
 if __name__ == "__main__":

@@ -29,12 +29,12 @@ from __future__ import annotations
 import argparse
 import math
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from common import median, round_order
 # the same models, machine record and timer as the head-positions benchmark (benchmarks/ is on the path when run)
 from head_positions import PAD, SIZES, VOCAB, build_model, machine, timed, write_results
 
@@ -125,7 +125,7 @@ def measure(model, vocab: int, mix: str, rows: int, rounds: int) -> dict:
 
     per_round = []
     for r in range(rounds):
-        order = VARIANTS[r % 3:] + VARIANTS[:r % 3]  # rotate who goes first against drift
+        order = round_order(VARIANTS, r)  # rotate who goes first against drift
         row = {"order": list(order)}
         model.eval()
         for v in order:
@@ -139,11 +139,11 @@ def measure(model, vocab: int, mix: str, rows: int, rounds: int) -> dict:
         per_round.append({k: (round(x, 4) if isinstance(x, float) else x) for k, x in row.items()})
         print(mix, per_round[-1], flush=True)
 
-    medians = {k: round(statistics.median(p[k] for p in per_round), 4) for k in per_round[0] if k != "order"}
+    medians = {k: round(median(p[k] for p in per_round), 4) for k in per_round[0] if k != "order"}
     sequence_lengths = padded.attention_mask.sum(1).tolist()
     return {
         "vocab": vocab, "params_total": sum(p.numel() for p in model.parameters()), "sequences": rows, "sequence_tokens_min_median_max": [min(sequence_lengths),
-                                                              statistics.median(sequence_lengths),
+                                                              median(sequence_lengths),
                                                               max(sequence_lengths)],
         "real_tokens": real,
         "padded_shape": list(padded.input_ids.shape), "packed_shape": list(layout.input_ids.shape),

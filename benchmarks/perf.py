@@ -1,11 +1,11 @@
 """`make bench`: posttrain's step against TRL's GRPOTrainer, its rollout against vLLM's own `LLM.generate`, the
 step-time split and weight-sync time against model size, and one-step-off async rollout against synchronous, on
 one machine in one go. Writes benchmarks/results/perf.json (machine and versions included), docs/perf.png, and the
-table between the perf markers of README.md (benchmarks/perf_report.py).
+table between the perf markers of docs/performance.md (benchmarks/perf_report.py).
 
     PYTHONPATH=src python benchmarks/perf.py                      # everything (~15-20 min on 2 CPU cores)
     PYTHONPATH=src python benchmarks/perf.py --parts trl --sizes 4m --steps 3 --warmup 1   # a quick look
-    PYTHONPATH=src python benchmarks/perf.py --report-only        # table + plot + README from the JSON
+    PYTHONPATH=src python benchmarks/perf.py --report-only        # table + plot + docs/performance.md from the JSON
 
 Parts: `trl` (posttrain vs TRL per workload and size, in alternating rounds: each round runs both sides back to
 back and flips which goes first, so each round's ratio sees the same machine state; the ratio of every round and
@@ -18,28 +18,30 @@ character-tokenizer models (on a random model every reward is 0, so no update ha
 ~30-token prompts with a 32,000-token BPE vocabulary and a dense reward (benchmarks/workload_rewards.py, the same
 function file on both sides), so every group's rewards vary and both sides really update.
 
-TRL runs in its own venv (benchmarks/.trl-venv, made here): the CPU torch wheel first, then trl with torch and
-transformers pinned to this venv's versions, so both sides run the same torch and the same model code.
+TRL runs in its own venv (benchmarks/.trl-venv, made by common.ensure_trl_venv): the CPU torch wheel first, then
+trl with torch and transformers pinned to this venv's versions, so both sides run the same torch and the same model
+code. Both sides' settings come from one common.Matched per workload.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import common
+from common import (GPU_NOTE, Matched, ensure_trl_venv, log_to, read_json, round_order, round_ratios, run_logged,
+                    run_spec, run_trl, step_batches, write_json)
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "perf.json"
-TRL_VENV = HERE / ".trl-venv"
-TRL_VERSION = "1.16.0"
-GPU_NOTE = "not run: no GPU machine drawn for this task"
 
-# The matched settings, side by side (also written to the JSON and the README).
+# The matched settings (common.Matched builds both sides from them; see Workload.matched), side by side as they read
+# on each side (also written to the JSON and docs/performance.md).
 PROMPTS, GROUP, NEW_TOKENS, KL, LR, CLIP, THREADS = 8, 4, 32, 0.04, 1e-5, 0.2, 2
 MATCHED = [
     ("prompts per step", f"algorithm.prompts_per_step={PROMPTS}", f"per_device_train_batch_size={PROMPTS * GROUP} / num_generations"),
@@ -60,40 +62,11 @@ MATCHED = [
 ]
 
 
-def log(msg: str) -> None:
-    print(f"[perf {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
+log = log_to("perf")
+median = functools.partial(common.median, empty=float("nan"))
 
 
 # ---------------------------------------------------------------------------------------------- setup
-
-
-def ensure_trl_venv(venv: Path = TRL_VENV) -> Path:
-    """TRL's own venv; CPU torch first (checked: no CUDA build), then trl with torch/transformers pinned."""
-    import torch
-    import transformers
-
-    py = venv / "bin" / "python"
-    stamp = venv / f".ok-trl{TRL_VERSION}-torch{torch.__version__}-tf{transformers.__version__}"
-    if stamp.exists():
-        return py
-    log(f"creating {venv} (torch {torch.__version__}, trl {TRL_VERSION})")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    pip = [str(py), "-m", "pip", "install", "-q"]
-    base = torch.__version__.split("+")[0]
-    subprocess.run([*pip, f"torch=={base}"], check=True)  # pip prefers the +cpu wheel of the same release
-    check = subprocess.run([str(py), "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
-                           check=True, capture_output=True, text=True).stdout.split()
-    if check[1] != "None":
-        raise SystemExit(f"{venv}: pip installed a CUDA torch ({check}); install the CPU wheel by hand and re-run")
-    constraints = venv / "constraints.txt"
-    constraints.write_text(f"torch=={base}\ntransformers=={transformers.__version__}\n")
-    subprocess.run([*pip, "-c", str(constraints), f"trl=={TRL_VERSION}", "numpy"], check=True)
-    stamp.touch()
-    return py
 
 
 def model_dir(root: Path, size: str) -> str:
@@ -119,17 +92,6 @@ def _prod(shape) -> int:
     return out
 
 
-def step_batches(steps: int, seed: int, task_cfg=None):
-    """The problems of each step exactly as posttrain's loop draws them (the same cursor), for both sides."""
-    from posttrain.config import TaskConfig
-    from posttrain.rollout.sampler import PromptSampler
-    from posttrain.tasks import load_task
-
-    task = load_task(task_cfg or TaskConfig(name="addition", heldout_size=16), seed)
-    sampler = PromptSampler(task.train, seed)
-    return [sampler.next_batch(PROMPTS) for _ in range(steps)]
-
-
 # ---------------------------------------------------------------------------------------------- workloads
 
 REWARDS = HERE / "workload_rewards.py"
@@ -150,8 +112,7 @@ class Workload:
     def task_overrides(self) -> list[str]:
         if self.name == "addition":
             return ["task.name=addition", "task.heldout_size=16"]
-        return ["task.name=jsonl", f"task.path={dense_prompts_file(self.runs)}", "task.heldout_size=16",
-                "reward.weights={}", f"reward.functions=[{{name: vowel_share, fn: '{REWARDS}:vowel_share'}}]"]
+        return ["task.name=jsonl", f"task.path={dense_prompts_file(self.runs)}", "task.heldout_size=16"]
 
     def task_config(self):
         from posttrain.config import TaskConfig
@@ -162,6 +123,13 @@ class Workload:
 
     def trl_reward(self) -> str:
         return f"{REWARDS}:{'exact_answer' if self.name == 'addition' else 'vowel_share'}"
+
+    def matched(self, seed: int) -> Matched:
+        """Both sides' settings: on addition posttrain scores with the task's own exact verifier (what
+        exact_answer is), on dense30 with the function file itself."""
+        return Matched(prompts_per_step=PROMPTS, group_size=GROUP, max_new_tokens=NEW_TOKENS, kl_coef=KL, lr=LR,
+                       clip_eps=CLIP, torch_threads=THREADS, seed=seed, reward=self.trl_reward(),
+                       reward_builtin=self.name == "addition")
 
     def describe(self) -> str:
         if self.name == "addition":
@@ -212,26 +180,18 @@ def dense_prompts_file(runs: Path) -> Path:
 # ---------------------------------------------------------------------------------------------- the two sides
 
 
-def posttrain_overrides(name: str, runs: Path, model: str, steps: int, seed: int, task: list[str]) -> list[str]:
+def posttrain_overrides(name: str, runs: Path, model: str, steps: int, matched: Matched, task: list[str]) -> list[str]:
     return [
-        f"name={name}", f"runs_dir={runs}", f"model.path={model}", f"seed={seed}", f"train.steps={steps}",
-        "algorithm.name=grpo", f"algorithm.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}",
-        f"algorithm.kl_coef={KL}", f"algorithm.lr={LR}", "algorithm.lr_schedule=constant", f"algorithm.clip_eps={CLIP}",
-        "algorithm.skip_zero_variance_groups=false", f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.vllm.max_model_len=128",
-        f"topology.torch_threads={THREADS}", *task, "eval.every=0", "checkpoint.every=0", "logging.progress=false",
+        f"name={name}", f"runs_dir={runs}", f"model.path={model}", f"train.steps={steps}", *matched.posttrain_overrides(),
+        "algorithm.skip_zero_variance_groups=false", "rollout.vllm.max_model_len=128", *task, "eval.every=0",
+        "checkpoint.every=0", "logging.progress=false",
     ]
 
 
-def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, seed: int, task: list[str]) -> dict:
-    from posttrain.config import load_config
-    from posttrain.loop import remove_run, train
+def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, matched: Matched, task: list[str]) -> dict:
     from posttrain.step import TIME_KEYS
-    from posttrain.tracking import read_metrics
 
-    cfg = load_config(None, posttrain_overrides(name, runs, model, steps, seed, task))
-    remove_run(cfg.run_dir)
-    train(cfg, progress=False)
-    m = [r for r in read_metrics(cfg.run_dir) if "time/step" in r][warmup:]
+    m = common.run_posttrain(posttrain_overrides(name, runs, model, steps, matched, task)).steps[warmup:]
     tokens = [r["response_length"] * PROMPTS * GROUP for r in m]
     step = [r["time/step"] for r in m]
     gen = sum(r["time/generate"] for r in m)
@@ -246,27 +206,10 @@ def run_posttrain(name: str, runs: Path, model: str, steps: int, warmup: int, se
     }
 
 
-def run_trl_spec(py: Path, spec: dict, work: Path, threads: int = THREADS) -> dict:
-    """Runs perf_trl.py on `spec` with TRL's venv python `py` (offline, `threads` OpenMP threads; its log in
-    work/trl.log) and returns its result JSON."""
-    (work / "spec.json").write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update({"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_DISABLED": "true"})
-    with open(work / "trl.log", "w") as logf:
-        subprocess.run([str(py), str(HERE / "perf_trl.py"), str(work / "spec.json"), str(work / "result.json")],
-                       check=True, env=env, stdout=logf, stderr=subprocess.STDOUT)
-    return json.loads((work / "result.json").read_text())
-
-
-def run_trl(py: Path, name: str, runs: Path, model: str, batches, warmup: int, seed: int, reward: str) -> dict:
+def run_trl_side(py: Path, name: str, runs: Path, model: str, batches, warmup: int, matched: Matched) -> dict:
     work = runs / name
     work.mkdir(parents=True, exist_ok=True)
-    spec = {"model": model, "batches": [[{"prompt": p.prompt, "answer": p.answer} for p in b] for b in batches],
-            "reward": reward,
-            "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL, "lr": LR, "clip_eps": CLIP,
-            "torch_threads": THREADS, "seed": seed, "work_dir": str(work / "out")}
-    out = run_trl_spec(py, spec, work)
+    out = run_trl(py, matched.trl_spec(model, batches, work / "out"), work)
     step = out["step_seconds"][warmup:]
     lengths = out["completion_mean_length"][warmup:]
     tokens = sum(length * PROMPTS * GROUP for length in lengths)
@@ -287,12 +230,8 @@ def run_raw_vllm(name: str, runs: Path, model: str, batches, warmup: int, seed: 
     spec = {"model": model, "n": GROUP, "max_new_tokens": NEW_TOKENS, "max_model_len": 128, "warmup": warmup, "passes": 3,
             "batches": [[encoder.encode(p.prompt) for p in b] for b in batches],
             "seeds": [[sample_seed(seed, s, i) for i in range(len(b))] for s, b in enumerate(batches)]}
-    (work / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, **rollout_worker_env(1.0), OMP_NUM_THREADS="1")  # as the rollout actor gets
-    with open(work / "vllm.log", "w") as logf:
-        subprocess.run([sys.executable, str(HERE / "perf_raw_vllm.py"), str(work / "spec.json"), str(work / "result.json")],
-                       check=True, env=env, stdout=logf, stderr=subprocess.STDOUT)
-    out = json.loads((work / "result.json").read_text())
+    out = run_spec(sys.executable, HERE / "perf_raw_vllm.py", spec, work, env, "vllm.log")
     return {"tokens_per_s": sum(out["tokens"]) / sum(out["seconds"]), "median_batch_s": median(out["seconds"]),
             "engine_start_s": out["engine_start_s"]}
 
@@ -306,20 +245,20 @@ def part_trl(args, runs: Path, previous: dict, where: str) -> dict:
     workloads = dict(previous.get("workloads", {}))
     for name in args.workloads:
         w = Workload(name, runs)
-        batches = step_batches(args.warmup + args.steps, args.seed, w.task_config())
+        matched = w.matched(args.seed)
+        _, batches = step_batches(w.task_config(), args.seed, PROMPTS, args.warmup + args.steps)
         rows = {size: {"params": count_params(w.model(size)), "posttrain": [], "trl": []} for size in args.sizes}
         for r in range(args.rounds):
             for size in args.sizes:
                 # a round is both sides back to back; the order flips each round so neither side always runs first
-                order = ("posttrain", "trl") if r % 2 == 0 else ("trl", "posttrain")
-                for side in order:
+                for side in round_order(("posttrain", "trl"), r):
                     log(f"{name} round {r} {size} {side}")
                     if side == "posttrain":
                         res = run_posttrain(f"pt-{name}-{size}-r{r}", runs, w.model(size), args.warmup + args.steps,
-                                            args.warmup, args.seed, w.task_overrides())
+                                            args.warmup, matched, w.task_overrides())
                     else:
-                        res = run_trl(py, f"trl-{name}-{size}-r{r}", runs, w.model(size), batches, args.warmup,
-                                      args.seed, w.trl_reward())
+                        res = run_trl_side(py, f"trl-{name}-{size}-r{r}", runs, w.model(size), batches, args.warmup,
+                                           matched)
                     log(f"  median step {res['median_step_s']:.3f} s, {res['tokens_per_s']:.0f} tok/s")
                     rows[size][side].append(res)
         for row in rows.values():
@@ -333,7 +272,7 @@ def part_trl(args, runs: Path, previous: dict, where: str) -> dict:
 
 def round_summary(row: dict) -> dict:
     """Each round's ratio (posttrain's median step over TRL's in the same round), their median and range."""
-    ratios = [p["median_step_s"] / t["median_step_s"] for p, t in zip(row["posttrain"], row["trl"])]
+    ratios = round_ratios([p["median_step_s"] for p in row["posttrain"]], [t["median_step_s"] for t in row["trl"]])
     return {"posttrain_median_step_s": median([x["median_step_s"] for x in row["posttrain"]]),
             "trl_median_step_s": median([x["median_step_s"] for x in row["trl"]]),
             "round_ratios": ratios, "ratio": median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
@@ -345,7 +284,7 @@ def addition_sizes(trl_part: dict) -> dict:
 
 
 def part_rollout(args, runs: Path, previous: dict) -> dict:
-    batches = step_batches(args.warmup + args.steps, args.seed)
+    _, batches = step_batches(Workload("addition", runs).task_config(), args.seed, PROMPTS, args.warmup + args.steps)
     out = {}
     for size in args.sizes:
         model = model_dir(runs, size)
@@ -370,9 +309,7 @@ def part_sync(args, runs: Path, previous: dict) -> dict:
         log(f"sync breakdown {size}")
         res = runs / f"sync-{size}.json"
         env = dict(os.environ, **rollout_worker_env(1.0), OMP_NUM_THREADS="1")
-        with open(runs / f"sync-{size}.log", "w") as logf:
-            subprocess.run([sys.executable, str(HERE / "perf_sync.py"), model, str(res)], check=True, env=env,
-                           stdout=logf, stderr=subprocess.STDOUT)
+        run_logged([sys.executable, HERE / "perf_sync.py", model, res], runs / f"sync-{size}.log", env)
         out[size] = json.loads(res.read_text())
         loop = addition_sizes(previous).get(size, {}).get("posttrain", [])
         out[size]["in_loop_sync_s"] = median([x["sync_median_s"] for x in loop]) if loop else None
@@ -382,10 +319,6 @@ def part_sync(args, runs: Path, previous: dict) -> dict:
 
 
 def part_async(args, runs: Path) -> dict:
-    from posttrain.config import load_config
-    from posttrain.loop import remove_run, train
-    from posttrain.tracking import read_metrics
-
     warm = ensure_warm_model(args, runs)
     out = {"model": warm, "steps": args.async_steps, "batch": "32 prompts x 8 samples, 8 tokens (the demo's)"}
     # On a few cores the engine, reference and trainer threads compete: each mode also runs with one torch thread
@@ -395,14 +328,12 @@ def part_async(args, runs: Path) -> dict:
              "async_1thread": ["rollout.async_one_step_off=true", "topology.torch_threads=1"]}
     for mode, extra in modes.items():
         log(f"async part: {mode}")
-        cfg = load_config(None, [
+        run = common.run_posttrain([
             f"name=async-{mode}", f"runs_dir={runs}", f"model.path={warm}", f"seed={args.seed}",
             f"train.steps={args.async_steps}", "task.heldout_size=200", "eval.every=0", "checkpoint.every=0",
             "logging.progress=false", *extra,
         ])
-        remove_run(cfg.run_dir)
-        s = train(cfg, progress=False)
-        m = [r for r in read_metrics(cfg.run_dir) if "time/step" in r]
+        s, m = run.summary, run.steps
         steady = [r["time/step"] for r in m[2:]]
         out[mode] = {"median_step_s": median(steady), "reward_curve": [round(r["reward_mean"], 4) for r in m],
                      "heldout_before": s["heldout_accuracy_before"], "heldout_after": s["heldout_accuracy_after"],
@@ -441,16 +372,7 @@ def ensure_warm_model(args, runs: Path) -> str:
 
 
 def machine() -> dict:
-    import ray
-    import transformers
-    import vllm
-
-    from posttrain.machine import describe_machine
-
-    described = describe_machine()
-    return {**described, "gpu": GPU_NOTE,
-            "versions": {"torch": described["torch"], "transformers": transformers.__version__,
-                         "vllm": vllm.__version__, "ray": ray.__version__}}
+    return common.machine("transformers", "vllm", "ray", gpu=GPU_NOTE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -473,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from perf_report import write_report
 
-    result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    result = read_json(RESULTS, {})
     if not args.report_only:
         from posttrain.config import RayConfig
         from posttrain.orchestration.runtime import start_ray, stop_ray
@@ -496,8 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             result.setdefault("wall_seconds", {})[",".join(parts)] = time.perf_counter() - t0
         finally:
             stop_ray()
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(RESULTS, result)
     print(write_report(result))
     return 0
 

@@ -16,6 +16,8 @@ import json
 import sys
 import time
 
+from common import write_json
+
 
 def main(spec_path: str, out_path: str) -> int:
     spec = json.loads(open(spec_path).read())
@@ -37,7 +39,7 @@ def main(spec_path: str, out_path: str) -> int:
         if i >= spec["warmup"]:
             seconds.append(dt)
             tokens.append(sum(len(o.token_ids) for out in outs for o in out.outputs))
-    open(out_path, "w").write(json.dumps({"seconds": seconds, "tokens": tokens, "engine_start_s": start_s}))
+    write_json(out_path, {"seconds": seconds, "tokens": tokens, "engine_start_s": start_s}, indent=None, end="")
     return 0
 
 

@@ -1,5 +1,5 @@
 """Where weight-sync time goes, per model size, through Ray as the loop does it: a Trainer actor exports, a
-RolloutWorker actor (vLLM engine in its process) loads in place. Two payloads (rollout/weights.py): safetensors
+RolloutWorker actor (vLLM engine in its process) loads in place. Two payloads (models/weights.py): safetensors
 bytes (what posttrain sent until 2026-12-03) and the array payload the loop sends now, which the object store
 hands to the engine without a copy. Reports the median seconds of the whole sync for each, and of the engine's
 in-place load alone (vLLM reload_weights, which on CPU re-packs every linear layer's weight). Run by
@@ -11,9 +11,10 @@ benchmarks/perf.py in a child process.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
+
+from common import median, write_json
 
 REPS = 4  # per payload, interleaved; the first of each is a warm-up
 
@@ -23,7 +24,7 @@ def main(model_dir: str, out_path: str) -> int:
 
     from posttrain.config import RayConfig, load_config
     from posttrain.orchestration.runtime import start_ray, stop_ray
-    from posttrain.rollout.weights import count_tensors
+    from posttrain.models.weights import count_tensors
     from posttrain.rollout.worker import RolloutWorker, rollout_worker_env
     from posttrain.training.trainer import Trainer
 
@@ -47,12 +48,12 @@ def main(model_dir: str, out_path: str) -> int:
                     load.append(inner)
                 del ref
         out = {"bytes": size, "tensors": count_tensors(ray.get(trainer.export_weights.remote())),
-               "ray_safetensors_s": statistics.median(total["safetensors"][1:]),
-               "ray_arrays_s": statistics.median(total["arrays"][1:]),
-               "engine_load_s": statistics.median(load[1:])}
+               "ray_safetensors_s": median(total["safetensors"][1:]),
+               "ray_arrays_s": median(total["arrays"][1:]),
+               "engine_load_s": median(load[1:])}
     finally:
         stop_ray()
-    open(out_path, "w").write(json.dumps(out))
+    write_json(out_path, out, indent=None, end="")
     print(json.dumps(out))
     return 0
 

@@ -5,7 +5,8 @@
 
 SPEC: {"model": dir, "batches": [[{"prompt", "answer"}, ...] per step], "reward": "file.py:function" (TRL's
 reward_funcs form; benchmarks/workload_rewards.py), "group_size", "max_new_tokens", "kl_coef", "lr", "clip_eps",
-"torch_threads", "seed", "work_dir"}, and optionally (benchmarks/time_to_accuracy.py):
+"torch_threads", "seed", "temperature", "top_p", "max_grad_norm", "work_dir"}, as common.Matched.trl_spec writes
+it (GRPOConfig's arguments from it: common.trl_grpo_args), and optionally (benchmarks/time_to_accuracy.py):
   "peft": {"r", "alpha", "dropout", "target_modules"}   LoRA through TRL's own `peft_config` (reference = the base
                                                       with adapters off, as TRL does it)
   "eval": {"problems": [{"prompt", "answer"}], "every": k, "max_new_tokens": m, "target_delta": d}
@@ -27,6 +28,8 @@ import importlib.util
 import json
 import sys
 import time
+
+from common import trl_grpo_args, write_json  # stdlib only: runs in TRL's venv
 
 
 def load_reward(ref: str):
@@ -113,17 +116,7 @@ def main(spec_path: str, out_path: str) -> int:
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
     reward = load_reward(spec["reward"])
 
-    n, per_step = spec["group_size"], len(spec["batches"][0])
-    given = dict(
-        output_dir=spec["work_dir"], per_device_train_batch_size=per_step * n, gradient_accumulation_steps=1,
-        num_generations=n, max_completion_length=spec["max_new_tokens"], beta=spec["kl_coef"],
-        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, loss_type="dapo",
-        scale_rewards="group", epsilon=spec["clip_eps"], num_iterations=1, max_grad_norm=1.0, temperature=1.0,
-        top_p=1.0, top_k=0, max_steps=len(spec["batches"]), shuffle_dataset=False, seed=spec["seed"], use_cpu=True,
-        bf16=False, fp16=False, report_to="none", logging_steps=1, save_strategy="no", dataloader_num_workers=0,
-        disable_dropout=True, log_completions=False, model_init_kwargs={"dtype": "float32"},
-        gradient_checkpointing=False,  # TRL's default recomputes activations in backward; posttrain does not
-    )
+    given = trl_grpo_args(spec)  # the matched settings in TRL's names (common.Matched built the spec)
     args = GRPOConfig(**given)
     changed = non_default_settings(args, given)
     ev = spec.get("eval")
@@ -197,7 +190,7 @@ def main(spec_path: str, out_path: str) -> int:
            "trainable_params": sum(x.numel() for x in trainer.model.parameters() if x.requires_grad),
            "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
                         "torch_cuda": torch.version.cuda, **peft_version()}}
-    open(out_path, "w").write(json.dumps(out, indent=1))
+    write_json(out_path, out, end="")
     return 0
 
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import md_table, write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -163,19 +165,18 @@ def main() -> None:
         results["sizes"][size] = {"measured_memory": measured, "measured_phase_seconds": phase,
                                   "measured_response_length": resp, "predicted": pred,
                                   "predicted_at_measured_length": pred_resp}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    write_json(args.out, results, end="")
     print(markdown(results))
 
 
 def markdown(results: dict) -> str:
-    rows = ["| model | quantity | predicted | measured | predicted / measured |", "|---|---|---|---|---|"]
+    rows = []
 
     def row(size, what, p, m, unit="MB"):
         scale = 1e6 if unit == "MB" else 1.0
         fmt = "{:.1f}" if unit == "MB" else "{:.3f}"
         ratio = f"{p / m:.2f}" if m else "-"
-        rows.append(f"| {size} | {what} | {fmt.format(p / scale)} {unit} | {fmt.format(m / scale)} {unit} | {ratio} |")
+        rows.append([size, what, f"{fmt.format(p / scale)} {unit}", f"{fmt.format(m / scale)} {unit}", ratio])
 
     for size, r in results["sizes"].items():
         mem, tr, ref = r["predicted"]["memory"], r["measured_memory"]["trainer"], r["measured_memory"]["reference"]
@@ -192,7 +193,7 @@ def markdown(results: dict) -> str:
                              ("sync", "sync")):
             row(size, f"time: {m_key}", ps[p_key], ms[m_key], unit="s")
         row(size, "time: step", r["predicted_at_measured_length"]["step_seconds"], ms["step"], unit="s")
-    return "\n".join(rows)
+    return md_table(["model", "quantity", "predicted", "measured", "predicted / measured"], rows)
 
 
 if __name__ == "__main__":

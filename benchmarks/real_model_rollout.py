@@ -19,10 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from common import lscpu, median, run_spec, write_json
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -61,12 +62,8 @@ def raw_round(args, spec: dict, i: int) -> dict:
 
     work = Path(args.runs_dir) / f"raw-vllm-{i}"
     work.mkdir(parents=True, exist_ok=True)
-    (work / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, **rollout_worker_env(spec["kv_cache_gb"], spec["threads"]))
-    with open(work / "vllm.log", "w") as log:
-        subprocess.run([sys.executable, str(HERE / "perf_raw_vllm.py"), str(work / "spec.json"),
-                        str(work / "result.json")], check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
-    out = json.loads((work / "result.json").read_text())
+    out = run_spec(sys.executable, HERE / "perf_raw_vllm.py", spec, work, env, "vllm.log")
     return {"tokens_per_s": sum(out["tokens"]) / sum(out["seconds"]), "seconds": out["seconds"]}
 
 
@@ -85,12 +82,12 @@ def main() -> int:
     for i in range(args.rounds):  # alternating: posttrain, then vLLM alone, each round
         rounds.append({"posttrain": posttrain_round(args, i), "raw_vllm": raw_round(args, spec, i)})
         print(json.dumps(rounds[-1]), flush=True)
-    pt = statistics.median(r["posttrain"]["tokens_per_s"] for r in rounds)
-    raw = statistics.median(r["raw_vllm"]["tokens_per_s"] for r in rounds)
+    pt = median(r["posttrain"]["tokens_per_s"] for r in rounds)
+    raw = median(r["raw_vllm"]["tokens_per_s"] for r in rounds)
     result = {"settings": {k: v for k, v in vars(args).items()}, "rounds": rounds,
               "posttrain_tokens_per_s": pt, "raw_vllm_tokens_per_s": raw, "share_of_raw": pt / raw,
-              "cpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()[:20]}
-    (HERE / "results" / "real_model_rollout.json").write_text(json.dumps(result, indent=1))
+              "cpu": lscpu()[:20]}
+    write_json(HERE / "results" / "real_model_rollout.json", result, end="")
     print(f"posttrain {pt:.0f} tok/s, vLLM alone {raw:.0f} tok/s: {100 * pt / raw:.0f}% of vLLM's own")
     return 0
 

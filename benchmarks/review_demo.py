@@ -26,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from common import write_json
+
 REPO = Path(__file__).resolve().parents[1]
 ANSWER_KEYS = {"left": "1", "right": "2", "tie": "3", "both_bad": "4"}
 
@@ -145,7 +147,7 @@ def main() -> None:
     doc["scripted"] = {"a": args.a, "b": args.b, "n": args.n, "noise_reviewer_2": args.noise,
                        "judged": {"gold-1": counts[0], "gold-2": counts[1]},
                        "generate_seconds": generated, "label_seconds": labelled}
-    (REPO / args.out).write_text(json.dumps(doc, indent=1))
+    write_json(REPO / args.out, doc, end="")
     print(json.dumps({k: doc[k] for k in ("win_rate", "ties", "both_bad", "agreement", "scorers")}, indent=1))
 
 

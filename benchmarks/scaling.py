@@ -12,10 +12,10 @@ one. The first step of each run (warm-up) is left out of the means.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-import time
 from pathlib import Path
+
+from common import machine, md_table, run_posttrain, write_json
 
 LAYOUTS = ((1, 1), (1, 2), (2, 1), (2, 2))  # (trainer ranks, engines)
 
@@ -32,16 +32,9 @@ def run_overrides(model_dir: str, runs_dir: str, ranks: int, engines: int, steps
 
 
 def run_layout(model_dir: str, runs_dir: str, ranks: int, engines: int, steps: int, engine: str) -> dict:
-    from posttrain.config import load_config
-    from posttrain.loop import remove_run, train
-    from posttrain.tracking import read_metrics
-
-    cfg = load_config(None, run_overrides(model_dir, runs_dir, ranks, engines, steps, engine))
-    remove_run(cfg.run_dir)
-    t0 = time.perf_counter()
-    train(cfg, progress=False)
-    wall = time.perf_counter() - t0
-    m = [r for r in read_metrics(cfg.run_dir) if "time/step" in r][1:]  # without the warm-up step
+    run = run_posttrain(run_overrides(model_dir, runs_dir, ranks, engines, steps, engine))
+    cfg, wall = run.cfg, run.train_seconds
+    m = run.steps[1:]  # without the warm-up step
 
     def mean(key: str) -> float:
         return sum(r[key] for r in m) / len(m)
@@ -55,13 +48,11 @@ def run_layout(model_dir: str, runs_dir: str, ranks: int, engines: int, steps: i
 
 
 def markdown_table(rows: list[dict]) -> str:
-    out = ["| trainer ranks | engines | step (s) | generate (s) | gen tok/s | train (s) | train tok/s | sync (s) |",
-           "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['trainer_ranks']} | {r['engines']} | {r['step_s']:.3f} | {r['generate_s']:.3f} | "
-                   f"{r['gen_tokens_per_s']:.0f} | {r['train_s']:.3f} | {r['train_tokens_per_s']:.0f} | "
-                   f"{r['sync_s']:.3f} |")
-    return "\n".join(out)
+    return md_table(
+        ["trainer ranks", "engines", "step (s)", "generate (s)", "gen tok/s", "train (s)", "train tok/s", "sync (s)"],
+        [[r["trainer_ranks"], r["engines"], f"{r['step_s']:.3f}", f"{r['generate_s']:.3f}",
+          f"{r['gen_tokens_per_s']:.0f}", f"{r['train_s']:.3f}", f"{r['train_tokens_per_s']:.0f}", f"{r['sync_s']:.3f}"]
+         for r in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,13 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
     finally:
         stop_ray()
-    from posttrain.machine import describe_machine
-
-    result = {"machine": describe_machine(), "engine": args.engine,
+    result = {"machine": machine(), "engine": args.engine,
               "model": args.model or f"tiny {args.size} (built by the benchmark)", "steps": args.steps,
               "batch": "16 prompts x 8 samples, 8 new tokens", "torch_threads_per_rank": 1,
               "gpu": "not run: this task has no GPU machine", "rows": rows}
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_json(args.out, result, end="")
     print(markdown_table(rows))
     return 0
 

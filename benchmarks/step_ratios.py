@@ -22,15 +22,18 @@ steps of each run are dropped. Start-up (Ray, engines, model loading) is outside
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+import common  # noqa: E402 (benchmarks/ on the path first)
+from common import (GPU_NOTE, Matched, ensure_trl_venv, log_to, lscpu_model, md_table, median,  # noqa: E402
+                    read_json, round_order, round_ratios, run_trl, step_batches, write_json)
+
 RESULTS = HERE / "results" / "step_ratios.json"
 RUNS = HERE.parent / "runs" / "bench-step-ratios"
 
@@ -43,13 +46,14 @@ PHASES = ("generate", "reward", "reference", "train", "sync", "other")
 REWARD = f"{HERE / 'workload_rewards.py'}:vowel_share"
 
 
-def log(msg: str) -> None:
-    print(f"[step-ratios {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = log_to("step-ratios")
 
 
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
+def matched(kind: str) -> Matched:
+    """Both sides' settings for `kind` (full or lora); both score with workload_rewards.py:vowel_share."""
+    return Matched(prompts_per_step=PROMPTS, group_size=GROUP, max_new_tokens=NEW_TOKENS, kl_coef=KL, lr=LR[kind],
+                   clip_eps=CLIP, torch_threads=THREADS, seed=SEED, reward=REWARD,
+                   lora=LORA if kind == "lora" else None)
 
 
 def model_for(size: str) -> str:
@@ -64,50 +68,27 @@ def model_for(size: str) -> str:
 
 def batches(steps: int):
     from posttrain.config import TaskConfig
-    from posttrain.rollout.sampler import PromptSampler
-    from posttrain.tasks import load_task
 
-    task = load_task(TaskConfig(name="addition", heldout_size=16), SEED)
-    sampler = PromptSampler(task.train, SEED)
-    return [sampler.next_batch(PROMPTS) for _ in range(steps)]
+    return step_batches(TaskConfig(name="addition", heldout_size=16), SEED, PROMPTS, steps)[1]
 
 
 def run_posttrain(name: str, model: str, kind: str, steps: int, warmup: int) -> dict:
-    from posttrain.config import load_config
-    from posttrain.loop import remove_run, train
-    from posttrain.tracking import read_metrics
-
-    lora = [f"model.lora.{k}={v}" for k, v in LORA.items()] if kind == "lora" else []
     overrides = [
-        f"name={name}", f"runs_dir={RUNS / 'runs'}", f"model.path={model}", f"seed={SEED}", f"train.steps={steps}",
-        "model.chat_template=never", "algorithm.name=grpo", f"algorithm.prompts_per_step={PROMPTS}",
-        f"algorithm.group_size={GROUP}", f"algorithm.kl_coef={KL}", f"algorithm.lr={LR[kind]}",
-        "algorithm.lr_schedule=constant", f"algorithm.clip_eps={CLIP}", "algorithm.loss_agg=token",
-        "algorithm.skip_zero_variance_groups=false", f"rollout.max_new_tokens={NEW_TOKENS}",
-        "rollout.vllm.max_model_len=128", "rollout.vllm.kv_cache_gb=1", f"topology.torch_threads={THREADS}",
-        "task.name=addition", "task.heldout_size=16", "reward.weights={}",
-        f"reward.functions=[{{name: vowel_share, fn: '{REWARD}'}}]", "eval.every=0", "checkpoint.every=0",
-        "logging.progress=false", *lora,
+        f"name={name}", f"runs_dir={RUNS / 'runs'}", f"model.path={model}", f"train.steps={steps}",
+        *matched(kind).posttrain_overrides(), "model.chat_template=never", "algorithm.skip_zero_variance_groups=false",
+        "rollout.vllm.max_model_len=128", "rollout.vllm.kv_cache_gb=1", "task.name=addition", "task.heldout_size=16",
+        "eval.every=0", "checkpoint.every=0", "logging.progress=false",
     ]
-    cfg = load_config(None, overrides)
-    remove_run(cfg.run_dir)
-    train(cfg, progress=False)
-    m = [r for r in read_metrics(cfg.run_dir) if "time/step" in r][warmup:]
+    m = common.run_posttrain(overrides).steps[warmup:]
     return {"step_seconds": [r["time/step"] for r in m],
             "split": [{k: r.get(f"time/{k}", 0.0) for k in PHASES} for r in m],
             "completion_mean_length": median([r["response_length"] for r in m]), "overrides": overrides}
 
 
-def run_trl(py: Path, name: str, model: str, kind: str, steps: int, warmup: int) -> dict:
-    from perf import run_trl_spec
-
+def run_trl_side(py: Path, name: str, model: str, kind: str, steps: int, warmup: int) -> dict:
     work = RUNS / name
     work.mkdir(parents=True, exist_ok=True)
-    spec = {"model": model, "batches": [[{"prompt": p.prompt, "answer": p.answer} for p in b] for b in batches(steps)],
-            "reward": REWARD, "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL, "lr": LR[kind],
-            "clip_eps": CLIP, "torch_threads": THREADS, "seed": SEED, "work_dir": str(work / "out"),
-            "peft": LORA if kind == "lora" else None}
-    out = run_trl_spec(py, spec, work, THREADS)
+    out = run_trl(py, matched(kind).trl_spec(model, batches(steps), work / "out"), work)
     split = [{**s, "sync": 0.0, "other": 0.0} for s in out["step_split_seconds"][warmup:]]
     return {"step_seconds": out["step_seconds"][warmup:], "split": split,
             "completion_mean_length": median(out["completion_mean_length"][warmup:]),
@@ -121,10 +102,7 @@ def summary(run: dict) -> dict:
 
 
 def machine() -> dict:
-    from posttrain.machine import describe_machine
-    from time_to_accuracy import cpu_model
-
-    return {**describe_machine(), "cpu_model_lscpu": cpu_model(), "gpu": "not run: no GPU machine drawn for this task"}
+    return common.machine(cpu_model_lscpu=lscpu_model(), gpu=GPU_NOTE)
 
 
 def main(argv=None) -> int:
@@ -139,12 +117,10 @@ def main(argv=None) -> int:
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
     if args.report_only:
-        print(markdown(json.loads(RESULTS.read_text())))
+        print(markdown(read_json(RESULTS)))
         return 0
-    from time_to_accuracy import ensure_trl_with_peft
-
-    py = ensure_trl_with_peft()
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rows": {}}
+    py = ensure_trl_venv(peft=True, log=log)
+    results = read_json(RESULTS, {"rows": {}})
     results.update({"what": __doc__.split("\n\n")[0], "machine": machine(), "note": args.note,
                     "command": " ".join(sys.argv),
                     "settings": {"prompts_per_step": PROMPTS, "group_size": GROUP, "max_new_tokens": NEW_TOKENS,
@@ -158,42 +134,41 @@ def main(argv=None) -> int:
         for kind in args.kinds.split(","):
             row = {"size": size, "kind": kind, "model": model, "posttrain": [], "trl": [], "load_1m": []}
             for r in range(rounds):
-                for side in (("posttrain", "trl") if r % 2 == 0 else ("trl", "posttrain")):
+                for side in round_order(("posttrain", "trl"), r):
                     name = f"{side}-{size}-{kind}-r{r}"
                     log(f"{name}")
                     t = time.time()
                     res = (run_posttrain(name, model, kind, total, args.warmup) if side == "posttrain"
-                           else run_trl(py, name, model, kind, total, args.warmup))
+                           else run_trl_side(py, name, model, kind, total, args.warmup))
                     res["wall_s"], res["load_1m_after"] = time.time() - t, os.getloadavg()[0]
                     row[side].append(res)
                     log(f"  median step {summary(res)['median_step_s']:.3f} s")
-            ratios = [summary(p)["median_step_s"] / summary(t)["median_step_s"]
-                      for p, t in zip(row["posttrain"], row["trl"])]
+            ratios = round_ratios([summary(p)["median_step_s"] for p in row["posttrain"]],
+                                  [summary(t)["median_step_s"] for t in row["trl"]])
             row.update({"round_ratios": ratios, "ratio": median(ratios),
                         "posttrain_summary": summary({"step_seconds": [x for p in row["posttrain"] for x in p["step_seconds"]],
                                                       "split": [x for p in row["posttrain"] for x in p["split"]]}),
                         "trl_summary": summary({"step_seconds": [x for t in row["trl"] for x in t["step_seconds"]],
                                                 "split": [x for t in row["trl"] for x in t["split"]]})})
             results["rows"][f"{size}/{kind}"] = row
-            RESULTS.write_text(json.dumps(results, indent=1))
+            write_json(RESULTS, results, end="")
     print(markdown(results))
     return 0
 
 
 def markdown(results: dict) -> str:
     m = results["machine"]
-    out = [f"Machine: {m.get('cpu_model_lscpu', m['cpu'])}, {m['cores']} cores, torch {m['torch']}. "
-           f"Workload: {PROMPTS} prompts x {GROUP} samples, {NEW_TOKENS} new tokens, dense reward.", "",
-           "| size | kind | stack | step s | " + " | ".join(PHASES) + " | ratio (rounds) |",
-           "|---|---|---|---|" + "---|" * len(PHASES) + "---|"]
-    for key, row in results["rows"].items():
+    rows = []
+    for row in results["rows"].values():
         for side in ("posttrain", "trl"):
             s = row[f"{side}_summary"]
             ratio = (f"{row['ratio']:.2f} ({', '.join(f'{x:.2f}' for x in row['round_ratios'])})"
                      if side == "posttrain" else "")
-            out.append(f"| {row['size']} | {row['kind']} | {side} | {s['median_step_s']:.2f} | "
-                       + " | ".join(f"{s['median_split_s'][k]:.2f}" for k in PHASES) + f" | {ratio} |")
-    return "\n".join(out)
+            rows.append([row["size"], row["kind"], side, f"{s['median_step_s']:.2f}",
+                         *(f"{s['median_split_s'][k]:.2f}" for k in PHASES), ratio])
+    return (f"Machine: {m.get('cpu_model_lscpu', m['cpu'])}, {m['cores']} cores, torch {m['torch']}. "
+            f"Workload: {PROMPTS} prompts x {GROUP} samples, {NEW_TOKENS} new tokens, dense reward.\n\n"
+            + md_table(["size", "kind", "stack", "step s", *PHASES, "ratio (rounds)"], rows))
 
 
 if __name__ == "__main__":

@@ -17,25 +17,27 @@ transformers `generate` (their step-0 accuracies are in the JSON: they should ag
 
 posttrain's runs go to --step-cap (its eval.stop_at_accuracy takes an absolute accuracy, the target here is the
 start + 10 points) and the time to target is read from the curve; TRL's stop at the target (its callback). With
-one-step-off rollout, posttrain's held-out eval waits for the rollout in flight (rollout/one_step_off.py), so that
+one-step-off rollout, posttrain's held-out eval waits for the rollout in flight (one_step_off.py), so that
 rollout's time would hide in the excluded eval time: those rows add back each eval's excess over the synchronous
 runs' median eval time (`eval_wait_added_s`); their evals also see the engines' weights, one update behind the
 trainer's.
 
-TRL runs in its own venv (perf.py's `ensure_trl_venv`, plus peft at this venv's version for `peft_config`).
+TRL runs in its own venv (common.ensure_trl_venv, with peft at this venv's version for `peft_config`); both sides'
+settings come from one common.Matched per kind (`matched`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+
+import common
+from common import Matched, ensure_trl_venv, loadavg, log_to, lscpu_model, median, run_trl, step_batches, write_json
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "time_to_accuracy.json"
@@ -85,13 +87,7 @@ LEVERS = {  # row -> (lever, the row it is compared with, whether the row has th
 }
 
 
-def log(msg: str) -> None:
-    print(f"[tta {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def median(xs) -> float | None:
-    xs = list(xs)
-    return statistics.median(xs) if xs else None
+log = log_to("tta")
 
 
 class LoadSampler:
@@ -104,7 +100,7 @@ class LoadSampler:
 
     def _run(self, every: float) -> None:
         while not self._stop.is_set():
-            self.samples.append(float(open("/proc/loadavg").read().split()[0]))
+            self.samples.append(float(loadavg()[0]))
             self._stop.wait(every)
 
     def __enter__(self) -> "LoadSampler":
@@ -121,54 +117,40 @@ class LoadSampler:
                 "samples": len(s)}
 
 
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "?")
-
-
 # ---------------------------------------------------------------------------------------------- data
 
 
 def task_and_batches(step_cap: int):
     """The held-out problems and each step's prompts exactly as posttrain's loop draws them (the same cursor)."""
     from posttrain.config import TaskConfig
-    from posttrain.rollout.sampler import PromptSampler
-    from posttrain.tasks import load_task
 
-    task = load_task(TaskConfig(name="addition", heldout_size=HELDOUT), SEED)
-    sampler = PromptSampler(task.train, SEED)
-    return task, [sampler.next_batch(PROMPTS) for _ in range(step_cap)]
+    return step_batches(TaskConfig(name="addition", heldout_size=HELDOUT), SEED, PROMPTS, step_cap)
+
+
+def matched(kind: str) -> Matched:
+    """Both sides' settings for `kind` (full or lora): the module's settings as --threads, --seed and --lr-* left
+    them. posttrain scores with the addition task's own exact verifier, TRL with exact_answer (the same rule)."""
+    return Matched(prompts_per_step=PROMPTS, group_size=GROUP, max_new_tokens=NEW_TOKENS, kl_coef=KL, lr=LR[kind],
+                   clip_eps=CLIP, torch_threads=THREADS, seed=SEED, reward=f"{HERE / 'workload_rewards.py'}:exact_answer",
+                   reward_builtin=True, lora=LORA if kind == "lora" else None)
 
 
 # ---------------------------------------------------------------------------------------------- posttrain
 
 
 def posttrain_overrides(name: str, runs: Path, model: str, kind: str, steps: int, every: int, extra: list[str]):
-    lora = [f"model.lora.r={LORA['r']}", f"model.lora.alpha={LORA['alpha']}", f"model.lora.dropout={LORA['dropout']}",
-            f"model.lora.target_modules={LORA['target_modules']}"] if kind == "lora" else []
     return [
-        f"name={name}", f"runs_dir={runs}", f"model.path={model}", f"seed={SEED}", f"train.steps={steps}",
-        "algorithm.name=grpo", f"algorithm.prompts_per_step={PROMPTS}", f"algorithm.group_size={GROUP}",
-        f"algorithm.kl_coef={KL}", f"algorithm.lr={LR[kind]}", "algorithm.lr_schedule=constant",
-        f"algorithm.clip_eps={CLIP}", "algorithm.loss_agg=token", "algorithm.max_grad_norm=1.0",
-        f"rollout.max_new_tokens={NEW_TOKENS}", "rollout.temperature=1.0", "rollout.top_p=1.0",
-        f"topology.torch_threads={THREADS}", "task.name=addition", f"task.heldout_size={HELDOUT}",
+        f"name={name}", f"runs_dir={runs}", f"model.path={model}", f"train.steps={steps}",
+        *matched(kind).posttrain_overrides(), "task.name=addition", f"task.heldout_size={HELDOUT}",
         f"eval.every={every}", f"eval.max_new_tokens={EVAL_TOKENS}", "checkpoint.every=0", "logging.progress=false",
-        *lora, *extra,
+        *extra,
     ]
 
 
 def run_posttrain(name: str, runs: Path, model: str, kind: str, steps: int, every: int, extra: list[str]) -> dict:
-    from posttrain.config import load_config
-    from posttrain.loop import remove_run, train
-    from posttrain.tracking import read_metrics
-
     overrides = posttrain_overrides(name, runs, model, kind, steps, every, extra)
-    cfg = load_config(None, overrides)
-    remove_run(cfg.run_dir)
-    train(cfg, progress=False)
-    records = read_metrics(cfg.run_dir)
-    steps_m = [r for r in records if "time/step" in r]
+    run = common.run_posttrain(overrides)
+    records, steps_m = run.records, run.steps
     curve, total, by_step = [], 0.0, {r["step"]: r for r in steps_m}
     for r in sorted((r for r in records if "eval/heldout_accuracy" in r), key=lambda r: r["step"]):
         total = sum(by_step[s]["time/step"] for s in by_step if s <= r["step"])
@@ -184,35 +166,13 @@ def run_posttrain(name: str, runs: Path, model: str, kind: str, steps: int, ever
 # ---------------------------------------------------------------------------------------------- TRL
 
 
-def ensure_trl_with_peft() -> Path:
-    """perf.py's TRL venv, plus peft at this venv's version (TRL's `peft_config` needs it; perf.py does not)."""
-    import peft
-
-    from perf import ensure_trl_venv
-
-    py = ensure_trl_venv()
-    stamp = py.parent.parent / f".ok-peft{peft.__version__}"
-    if not stamp.exists():
-        log(f"installing peft {peft.__version__} into {py.parent.parent}")
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "-c", str(py.parent.parent / "constraints.txt"),
-                        f"peft=={peft.__version__}"], check=True)
-        stamp.touch()
-    return py
-
-
-def run_trl(py: Path, name: str, runs: Path, model: str, kind: str, batches, task, every: int) -> dict:
+def run_trl_side(py: Path, name: str, runs: Path, model: str, kind: str, batches, task, every: int) -> dict:
     work = runs / name
     work.mkdir(parents=True, exist_ok=True)
-    spec = {"model": model, "batches": [[{"prompt": p.prompt, "answer": p.answer} for p in b] for b in batches],
-            "reward": f"{HERE / 'workload_rewards.py'}:exact_answer",
-            "group_size": GROUP, "max_new_tokens": NEW_TOKENS, "kl_coef": KL, "lr": LR[kind], "clip_eps": CLIP,
-            "torch_threads": THREADS, "seed": SEED, "work_dir": str(work / "out"),
-            "peft": LORA if kind == "lora" else None,
-            "eval": {"problems": [{"prompt": p.prompt, "answer": p.answer} for p in task.heldout], "every": every,
-                     "max_new_tokens": EVAL_TOKENS, "target_delta": DELTA}}
-    from perf import run_trl_spec
-
-    out = run_trl_spec(py, spec, work, THREADS)
+    spec = matched(kind).trl_spec(model, batches, work / "out",
+                                  eval={"problems": common.problem_rows(task.heldout), "every": every,
+                                        "max_new_tokens": EVAL_TOKENS, "target_delta": DELTA})
+    out = run_trl(py, spec, work)
     return {"curve": out["eval"]["curve"], "step_seconds": out["step_seconds"],
             "step_split_seconds": out["step_split_seconds"], "non_default_settings": out["non_default_settings"],
             "peft": out["peft"], "trainable_params": out["trainable_params"], "versions": out["versions"],
@@ -336,11 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     runs.mkdir(parents=True, exist_ok=True)
     model = str(Path(ensure_warm_model(SimpleNamespace(warm_model=args.warm_model), runs)).resolve())
     task, batches = task_and_batches(args.step_cap)
-    py = ensure_trl_with_peft() if any(ROWS[r][0] == "trl" for r in wanted) else None
+    py = ensure_trl_venv(peft=True, log=log) if any(ROWS[r][0] == "trl" for r in wanted) else None
     rows: dict = {}
     t0 = time.perf_counter()
-    load_start = open("/proc/loadavg").read().split()[:3]
-    context = {"model": model, "load_start": load_start, "machine": machine(), "cpu": cpu_model(), "t0": t0}
+    load_start = loadavg()
+    context = {"model": model, "load_start": load_start, "machine": machine(), "cpu": lscpu_model(), "t0": t0}
     with LoadSampler() as load:
         if any(ROWS[r][0] == "posttrain" for r in wanted):
             start_ray(RayConfig(num_cpus=4), 4)  # one Ray session for every posttrain run
@@ -352,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 if stack == "posttrain":
                     res = run_posttrain(name, runs, model, kind, args.step_cap, args.eval_every, extra)
                 else:
-                    res = run_trl(py, name, runs, model, kind, batches, task, args.eval_every)
+                    res = run_trl_side(py, name, runs, model, kind, batches, task, args.eval_every)
                 during = load.samples[before:]
                 res["loadavg_1min_during"] = [min(during), max(during)] if during else None
                 rows[name] = {"stack": stack, "kind": kind, "lr": LR[kind], "extra": extra, "result": res}
@@ -385,7 +345,7 @@ def write_results(args, rows: dict, context: dict, load: LoadSampler) -> dict:
         "command": " ".join(sys.argv),
         "machine": {**context["machine"], "cpu_model_lscpu": context["cpu"],
                     "loadavg_1_5_15_min_at_start": context["load_start"],
-                    "loadavg_1_5_15_min_at_end": open("/proc/loadavg").read().split()[:3],
+                    "loadavg_1_5_15_min_at_end": loadavg(),
                     "load_during": load.summary(),
                     "contended": contention(load.summary())},
         "model": context["model"], "task": f"addition (built-in), {HELDOUT} held-out problems, seed {SEED}",
@@ -411,9 +371,7 @@ def write_results(args, rows: dict, context: dict, load: LoadSampler) -> dict:
         "pure_eval_seconds_median": pure_eval,
         "wall_seconds": round(time.perf_counter() - context["t0"], 1),
     }
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out)
     return out
 
 
@@ -475,8 +433,7 @@ def combine_seeds(paths: list[Path], out: Path) -> int:
                 "load_per_file": [{"seed": s, "rows": list(r["rows"]), **r["machine"]["load_during"]}
                                   for r, s in zip(runs, seed_of)],
                 "per_seed_files": runs}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(combined, indent=1) + "\n")
+    write_json(out, combined)
     print(json.dumps({"rows": {n: {k: v for k, v in r.items() if k != "median_split_s_to_target"}
                                for n, r in rows.items()}, "ratio": ratio}, indent=1))
     return 0

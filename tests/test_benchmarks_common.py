@@ -1,0 +1,94 @@
+"""benchmarks/common.py's pure pieces, checked by hand: the median, the order of alternating rounds, a markdown table,
+the results JSON, and the matched builder giving posttrain and TRL the same values."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+BENCH = Path(__file__).parents[1] / "benchmarks"
+
+
+def _common():
+    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses look themselves up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+common = _common()
+
+
+def test_median():
+    assert common.median([3, 1, 2]) == 2
+    assert common.median([4, 1, 3, 2]) == 2.5
+    assert common.median(x for x in (None, 5, 1)) == 3  # None left out, any iterable
+    assert common.median([]) is None
+    assert math.isnan(common.median([None], empty=float("nan")))
+
+
+def test_round_order_alternates_and_rotates():
+    assert [common.round_order(("a", "b"), r) for r in range(3)] == [("a", "b"), ("b", "a"), ("a", "b")]
+    assert [common.round_order(("x", "y", "z"), r) for r in range(4)] == [
+        ("x", "y", "z"), ("y", "z", "x"), ("z", "x", "y"), ("x", "y", "z")]
+    assert common.round_ratios([1.0, 3.0], [2.0, 4.0]) == [0.5, 0.75]
+
+
+def test_markdown_table_of_two_rows():
+    table = common.md_table(["size", "step s", "ratio"], [["4m", "0.50", ""], ["94m", 2, "0.25"]])
+    assert table == ("| size | step s | ratio |\n"
+                     "|---|---|---|\n"
+                     "| 4m | 0.50 |  |\n"
+                     "| 94m | 2 | 0.25 |")
+
+
+def test_results_json_written_whole(tmp_path):
+    path = tmp_path / "results" / "x.json"
+    common.write_json(path, {"a": [1, 2]})
+    assert path.read_text() == '{\n "a": [\n  1,\n  2\n ]\n}\n'
+    common.write_json(path, {"b": 1}, indent=None, end="")
+    assert path.read_text() == '{"b": 1}'
+    assert common.read_json(path) == {"b": 1} and common.read_json(tmp_path / "none.json", {}) == {}
+    assert [p.name for p in path.parent.iterdir()] == ["x.json"]  # no temporary file left beside it
+
+
+def _matched(**kw):
+    return common.Matched(prompts_per_step=3, group_size=4, max_new_tokens=16, kl_coef=0.04, lr=2e-5, clip_eps=0.2,
+                          torch_threads=2, seed=7, reward=f"{BENCH / 'workload_rewards.py'}:vowel_share", **kw)
+
+
+def test_matched_builder_gives_both_sides_the_same_values():
+    from posttrain.config import load_config
+
+    batches = [[SimpleNamespace(prompt=f"{i}+{j}=", answer=str(i + j)) for j in range(3)] for i in range(5)]
+    for lora in (None, {"r": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": "all-linear"}):
+        m = _matched(lora=lora)
+        cfg = load_config(None, ["model.path=/nonexistent", *m.posttrain_overrides()])
+        spec = m.trl_spec("/nonexistent", batches, "/tmp/out")
+        trl = common.trl_grpo_args(spec)
+        a, r = cfg.algorithm, cfg.rollout
+        assert (a.name, a.lr_schedule, a.loss_agg) == ("grpo", "constant", "token")
+        assert trl["per_device_train_batch_size"] == a.prompts_per_step * a.group_size == 12
+        assert trl["num_generations"] == a.group_size == 4
+        assert trl["max_completion_length"] == r.max_new_tokens == 16
+        assert trl["beta"] == a.kl_coef == 0.04
+        assert trl["learning_rate"] == a.lr == 2e-5 and trl["lr_scheduler_type"] == "constant"
+        assert trl["epsilon"] == a.clip_eps == 0.2 and trl["num_iterations"] == 1
+        assert trl["max_grad_norm"] == a.max_grad_norm == 1.0
+        assert trl["temperature"] == r.temperature == 1.0 and trl["top_p"] == r.top_p == 1.0
+        assert trl["seed"] == cfg.seed == 7
+        assert cfg.topology.torch_threads == spec["torch_threads"] == 2
+        assert trl["max_steps"] == 5 and spec["batches"][1][2] == {"prompt": "1+2=", "answer": "3"}
+        assert [f.fn for f in cfg.reward.functions] == [spec["reward"]] and cfg.reward.weights == {}
+        if lora:
+            assert {k: getattr(cfg.model.lora, k) for k in lora} == lora == spec["peft"]
+        else:
+            assert spec["peft"] is None
+
+
+def test_matched_builtin_reward_leaves_posttrain_on_the_task_verifier():
+    overrides = _matched(reward_builtin=True).posttrain_overrides()
+    assert not [o for o in overrides if o.startswith("reward.")]
