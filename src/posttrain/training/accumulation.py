@@ -21,3 +21,9 @@ def micro_batches(idx: torch.Tensor, size: int | None) -> list[torch.Tensor]:
     """A minibatch's row indices in consecutive micro-batches of `size` rows (the last may be shorter); None: one,
     the whole minibatch."""
     return [idx] if size is None else list(torch.split(idx, size))
+
+
+def nonempty_rows(rows: torch.Tensor) -> torch.Tensor:
+    """A part with no rows (a sharded rank's share of a small minibatch) still runs forward and backward (FSDP's
+    collectives need every rank): on row 0, with a loss weight of 0 and its outputs discarded."""
+    return rows if len(rows) else torch.zeros(1, dtype=torch.long)

@@ -23,18 +23,14 @@ from __future__ import annotations
 import os
 import random
 import socket
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from posttrain.algorithms.grpo import clipped_policy_loss
-from posttrain.remote.faults import maybe_wedge
-from posttrain.training.accumulation import loss_share, micro_batches
-from posttrain.training.batch import completion_logprobs
-from posttrain.training.trainer import Trainer, TrainBatch
+from posttrain.training.accumulation import loss_share, micro_batches  # noqa: F401 (loss_share: imported from here)
+from posttrain.training.trainer import Trainer
 from posttrain.training.trainer_state import SHARDS_DIR, TRAINER_STATE, fqn_optimizer_state, jsonable, tuplify
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)  # a rank that died leaves the others waiting this long at most
@@ -117,78 +113,33 @@ class ShardedTrainer(Trainer):
 
     # ------------------------------------------------------------------ training
 
-    def train_step(self, batch: TrainBatch) -> dict:
-        maybe_wedge("train")  # a recovery test's hang (remote/faults.py); the other ranks wait in a collective
-        a = self.cfg.algorithm
-        temp = self.cfg.rollout.temperature or 1.0
-        W, r = self.world_size, self.rank
-        x = self._step_inputs(batch)  # the whole batch: same padding as one rank
-        packed, mask, advantages, kl_loss_coef, ref, engine_lp, lr = (
-            x.packed, x.mask, x.advantages, x.kl_loss_coef, x.ref, x.engine_lp, x.lr)
-        n, T = mask.shape
-        t0 = time.perf_counter()
+    # The policy update is Trainer.train_step; these hooks make it this rank's share of it.
 
-        # Old logprobs and entropy: each rank computes its rows, a sum over ranks fills the rest (x + 0 is exact).
-        self.model.eval()
-        mine = rank_rows(torch.arange(n), r, W)
-        with torch.no_grad():
-            lp, ent = completion_logprobs(self.model, packed.select(_nonempty(mine)), temp, with_entropy=True)
-        old_lp, entropy = torch.zeros(n, T, dtype=lp.dtype), torch.zeros(n, T, dtype=lp.dtype)
-        if len(mine):
-            old_lp[mine], entropy[mine] = lp, ent
-        dist.all_reduce(old_lp)
-        dist.all_reduce(entropy)
-        self.model.train()
+    # Two passes always: the pre-update logprobs come from a no-grad pass whose rows the ranks sum (a single pass
+    # would fill only this rank's rows during the gradient pass).
+    single_pass_update = False
 
-        mb_size = n // a.minibatches if n >= a.minibatches else n
-        stats: dict[str, list[float]] = {k: [] for k in ("loss", "policy_loss", "kl", "clip_fraction", "grad_norm",
-                                                          "ratio_mean")}
-        for _ in range(a.updates_per_batch):
-            order = torch.randperm(n)  # the same on every rank: they share the RNG state
-            for start in range(0, n, mb_size):
-                idx = order[start : start + mb_size]
-                self.optimizer.zero_grad(set_to_none=True)
-                parts = torch.zeros(5, dtype=torch.float64)
-                # The rank's rows in micro-batches (train.micro_batch), as many on every rank (FSDP's collectives).
-                for local in rank_micro_batches(rank_rows(idx, r, W), -(-len(idx) // W), self.cfg.train.micro_batch):
-                    rows = _nonempty(local)
-                    sub = packed.select(rows)
-                    out = clipped_policy_loss(
-                        completion_logprobs(self.model, sub, temp), old_lp[rows], advantages[rows],
-                        sub.completion_mask, clip_eps=a.clip_eps, clip_eps_high=a.clip_eps_high,
-                        ref_logprobs=ref[rows] if ref is not None else None, kl_coef=kl_loss_coef, agg=a.loss_agg,
-                        agg_constant=x.agg_constant,
-                    )
-                    share = loss_share(mask[local], mask[idx], a.loss_agg) if len(local) else 0.0
-                    tokens = loss_share(mask[local], mask[idx], "token") if len(local) else 0.0
-                    # FSDP averages gradients over ranks (with LoRA, average_gradients does); times W makes it the
-                    # sum of the shares.
-                    (out.loss * (share * W)).backward()
-                    # Loss terms weigh by the loss share; per-token means (kl, clip, ratio) by the token share.
-                    parts += torch.stack([out.loss.detach() * share, out.policy_loss * share, out.kl * tokens,
-                                          out.clip_fraction * tokens, out.ratio_mean * tokens]).double()
-                if self.lora is not None:
-                    average_gradients(self.trained, W)
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
-                self.optimizer.step()
-                self.updates += 1
-                dist.all_reduce(parts)
-                for k, v in zip(("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"), parts.tolist()):
-                    stats[k].append(v)
-                stats["grad_norm"].append(float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn))
-        gap = (engine_lp - old_lp).abs() * mask
-        tokens = float(mask.sum())
-        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
-        metrics.update({
-            "entropy": float(entropy.sum() / max(tokens, 1.0)),
-            "logprob_gap_mean": float(gap.sum() / max(tokens, 1.0)),
-            "logprob_gap_max": float(gap.max()) if tokens else 0.0,
-            "trained_tokens": tokens,
-            "train_compute_s": time.perf_counter() - t0,
-            "lr": lr,
-            "trainer_ranks": W,
-        })
-        return metrics
+    def _local_micro_batches(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """This rank's contiguous share of `idx` in micro-batches (train.micro_batch), as many on every rank
+        (FSDP's collectives); an empty one runs on row 0 with a loss weight of 0."""
+        W = self.world_size
+        return rank_micro_batches(rank_rows(idx, self.rank, W), -(-len(idx) // W), self.cfg.train.micro_batch)
+
+    def _gradient_scale(self) -> int:
+        # FSDP averages gradients over ranks (with LoRA, average_gradients does); times W makes it the sum of the
+        # ranks' shares, the one-rank gradient.
+        return self.world_size
+
+    def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t)
+        return t
+
+    def _reduce_gradients(self) -> None:
+        if self.lora is not None:  # replicated adapters: FSDP is not there to average their gradients
+            average_gradients(self.trained, self.world_size)
+
+    def _extra_metrics(self) -> dict:
+        return {"trainer_ranks": self.world_size}
 
     # ------------------------------------------------------------------ weights and checkpoints
 
@@ -297,12 +248,6 @@ def average_gradients(params: list[torch.Tensor], world_size: int) -> None:
     flat /= world_size
     for p, g in zip(params, torch.split(flat, [g.numel() for g in grads])):
         p.grad = g.view_as(p).clone()
-
-
-def _nonempty(rows: torch.Tensor) -> torch.Tensor:
-    """A rank with no rows in a minibatch still runs forward and backward (FSDP's collectives need every rank):
-    on row 0, with a loss weight of 0."""
-    return rows if len(rows) else torch.zeros(1, dtype=torch.long)
 
 
 def _decoder_layers(model) -> list:

@@ -18,9 +18,13 @@ from posttrain.models.loading import load_causal_lm
 from posttrain.remote.faults import maybe_wedge
 from posttrain.remote.stacks import ActorProcess
 from posttrain.algorithms.off_policy import behaviour_logprobs
-from posttrain.training.accumulation import loss_share, micro_batches
+from posttrain.training.accumulation import loss_share, micro_batches, nonempty_rows
 from posttrain.training.batch import PackedBatch, completion_logprobs, pack
 from posttrain.training.trainer_state import TRAINER_STATE, jsonable, load_sharded_optimizer, tuplify
+
+
+# The metric parts of one update, in the order `_update` stacks them.
+UPDATE_TERMS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean")
 
 
 @dataclass
@@ -122,21 +126,25 @@ class Trainer(ActorProcess):
         )
 
     def train_step(self, batch: TrainBatch) -> dict:
-        maybe_wedge("train")  # a recovery test's hang (remote/faults.py); nothing otherwise
+        """One step of the clipped policy update: updates_per_batch passes over the batch in a fresh random order,
+        one optimizer step per minibatch. Written once for both trainers: the hooks below (`_local_micro_batches`,
+        `_gradient_scale`, `_sum_over_ranks`, `_reduce_gradients`, `_extra_metrics`, `single_pass_update`) are the
+        one-rank case here and a rank's share in ShardedTrainer."""
+        maybe_wedge("train")  # a recovery test's hang (remote/faults.py); a sharded rank's peers wait in a collective
         a = self.cfg.algorithm
-        x = self._step_inputs(batch)
+        x = self._step_inputs(batch)  # the whole batch, on every rank: the same padding as one rank
         n, T = x.mask.shape
         t0 = time.perf_counter()
         # One update on the whole batch: the gradient pass's own logprobs are the pre-update ones (ratio 1), so the
         # separate no-grad forward would be a third of the step's compute spent on a copy (as TRL skips it too).
-        single_pass = a.updates_per_batch == 1 and a.minibatches == 1
+        single_pass = a.updates_per_batch == 1 and a.minibatches == 1 and self.single_pass_update
         if single_pass:  # filled by the gradient pass, micro-batch by micro-batch
             trainer_lp = torch.zeros(n, T, dtype=values_dtype(self.cfg))
             entropy = torch.zeros(n, T, dtype=values_dtype(self.cfg))
         else:
             trainer_lp, entropy = self._pre_update_logprobs(x.packed)
         old_lp = trainer_lp
-        if self.cfg.rollout.async_one_step_off:
+        if self.cfg.rollout.async_one_step_off:  # one rank only (the config refuses it with trainer_ranks > 1)
             # One step off: the samples came from the previous weights; the ratio is against that behaviour policy,
             # whose logprobs the engine returned (raw = behaviour at temperature 1, top_p 1, which the config checks).
             old_lp = behaviour_logprobs(x.engine_lp, x.mask)
@@ -144,7 +152,7 @@ class Trainer(ActorProcess):
         mb_size = n // a.minibatches if n >= a.minibatches else n
         stats: dict[str, list[float]] = {}
         for _ in range(a.updates_per_batch):
-            order = torch.randperm(n)
+            order = torch.randperm(n)  # the same on every rank of the sharded trainer: they share the RNG state
             for start in range(0, n, mb_size):
                 for k, v in self._update(x, order[start : start + mb_size], old_lp, record).items():
                     stats.setdefault(k, []).append(v)
@@ -159,42 +167,52 @@ class Trainer(ActorProcess):
                 "trained_tokens": tokens,
                 "train_compute_s": time.perf_counter() - t0,
                 "lr": x.lr,
+                **self._extra_metrics(),
             }
         )
         return metrics
 
     def _pre_update_logprobs(self, packed: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """[N, T] logprobs and entropies of the whole batch with the current weights, no gradients, in micro-batches
-        of train.micro_batch rows (the forward's working set is one micro-batch's)."""
+        of train.micro_batch rows (the forward's working set is one micro-batch's). A sharded rank computes its own
+        rows and the sum over ranks fills in the rest (x + 0 is exact)."""
         temp = self.cfg.rollout.temperature or 1.0
+        n, T = packed.completion_mask.shape
         self.model.eval()  # no dropout in these models, but be explicit: old logprobs come from the same function
         with torch.no_grad():
-            parts = [completion_logprobs(self.model, packed.select(rows), temp, with_entropy=True)
-                     for rows in micro_batches(torch.arange(packed.targets.shape[0]), self.cfg.train.micro_batch)]
+            parts = [(rows, completion_logprobs(self.model, packed.select(nonempty_rows(rows)), temp,
+                                                with_entropy=True))
+                     for rows in self._local_micro_batches(torch.arange(n))]
         self.model.train()
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        dtype = parts[0][1][0].dtype
+        lp, entropy = torch.zeros(n, T, dtype=dtype), torch.zeros(n, T, dtype=dtype)
+        for rows, (part_lp, part_entropy) in parts:
+            if len(rows):
+                lp[rows], entropy[rows] = part_lp, part_entropy
+        return self._sum_over_ranks(lp), self._sum_over_ranks(entropy)
 
     def _update(self, x: StepInputs, idx: torch.Tensor, old_lp: torch.Tensor, record) -> dict[str, float]:
         """One optimizer step on the minibatch rows `idx`: the gradient accumulated over micro-batches of
-        train.micro_batch rows, each loss weighted by its share of the minibatch's (`loss_share`), so the step is the
-        whole minibatch's. Metrics likewise: loss terms summed by loss share, per-token means by token share.
-        `record`: the single pass's (logprobs, entropy) [N, T], filled here with the pre-update values."""
+        train.micro_batch rows (a sharded rank: of its share of `idx`), each loss weighted by its share of the
+        minibatch's (`loss_share`), so the step is the whole minibatch's. Metrics likewise: loss terms summed by loss
+        share, per-token means by token share, then summed over ranks. `record`: the single pass's (logprobs,
+        entropy) [N, T], filled here with the pre-update values."""
         a = self.cfg.algorithm
-        sums = dict.fromkeys(("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean"), 0.0)
+        parts = torch.zeros(len(UPDATE_TERMS), dtype=torch.float64)
         self.optimizer.zero_grad(set_to_none=True)
-        for rows in micro_batches(idx, self.cfg.train.micro_batch):
-            out = self._micro_batch_loss(x, rows, old_lp, record)
-            share = loss_share(x.mask[rows], x.mask[idx], a.loss_agg)
-            tokens = loss_share(x.mask[rows], x.mask[idx], "token")
-            (out.loss * share).backward()
-            for k, v, w in (("loss", out.loss.detach(), share), ("policy_loss", out.policy_loss, share),
-                            ("kl", out.kl, tokens), ("clip_fraction", out.clip_fraction, tokens),
-                            ("ratio_mean", out.ratio_mean, tokens)):
-                sums[k] += float(v) * w
+        for local in self._local_micro_batches(idx):
+            out = self._micro_batch_loss(x, nonempty_rows(local), old_lp, record)
+            share = loss_share(x.mask[local], x.mask[idx], a.loss_agg) if len(local) else 0.0
+            tokens = loss_share(x.mask[local], x.mask[idx], "token") if len(local) else 0.0
+            (out.loss * (share * self._gradient_scale())).backward()
+            terms = torch.stack([out.loss.detach(), out.policy_loss, out.kl, out.clip_fraction, out.ratio_mean])
+            parts += terms.double() * torch.tensor([share, share, tokens, tokens, tokens], dtype=torch.float64)
+        self._reduce_gradients()
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
-        return {**sums, "grad_norm": float(gn)}
+        sums = dict(zip(UPDATE_TERMS, self._sum_over_ranks(parts).tolist()))
+        return {**sums, "grad_norm": float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)}  # FSDP: a DTensor
 
     def _micro_batch_loss(self, x: StepInputs, rows: torch.Tensor, old_lp: torch.Tensor, record):
         """The policy loss of batch rows `rows` alone (PolicyLossOutput), its logprobs with gradients."""
@@ -211,6 +229,30 @@ class Trainer(ActorProcess):
             clip_eps_high=a.clip_eps_high, ref_logprobs=x.ref[rows] if x.ref is not None else None,
             kl_coef=x.kl_loss_coef, agg=a.loss_agg, agg_constant=x.agg_constant,
         )
+
+    # ------------------------------------------------------------------ the hooks ShardedTrainer overrides
+
+    # The single pass above (updates_per_batch == 1 and minibatches == 1). ShardedTrainer keeps the separate
+    # no-grad pass: its gradient pass would fill only its own rows of the pre-update logprobs.
+    single_pass_update = True
+
+    def _local_micro_batches(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """The rows of `idx` this trainer computes, in micro-batches of train.micro_batch rows: all of them."""
+        return micro_batches(idx, self.cfg.train.micro_batch)
+
+    def _gradient_scale(self) -> int:
+        """What each part's loss share is multiplied by before its backward: 1 (no averaging over ranks to undo)."""
+        return 1
+
+    def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over the ranks (pre-update logprobs, metric parts): `t` itself for one rank."""
+        return t
+
+    def _reduce_gradients(self) -> None:
+        """After the minibatch's backwards, before clipping: nothing for one rank."""
+
+    def _extra_metrics(self) -> dict:
+        return {}
 
     def reference_logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """With LoRA, the reference is the base model: these weights with the adapters off (ReferenceModel.logprobs'
