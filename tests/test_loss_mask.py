@@ -437,7 +437,8 @@ def test_critic_values_and_value_loss_on_sampled_tokens(tiny_model_dir):
 
 
 def test_sharded_trainer_takes_the_mask(cfg_dict, tiny_model_dir):
-    from posttrain.training.distributed import ShardedTrainer, free_port, loss_share
+    from posttrain.training.accumulation import loss_share
+    from posttrain.training.distributed import ShardedTrainer, free_port
 
     # The token share of a rank counts sampled tokens: rows with 2 + 3 sampled tokens of a minibatch's 5 + 1.
     mask = torch.tensor([[1.0, 0, 0, 1], [1, 1, 0, 1], [0, 1, 0, 0]])

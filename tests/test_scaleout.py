@@ -14,7 +14,8 @@ from safetensors.torch import load as load_bytes
 
 from posttrain.config import RayConfig, load_config
 from posttrain import checkpoint as ckpt
-from posttrain.training.distributed import loss_share, rank_rows
+from posttrain.training.accumulation import loss_share
+from posttrain.training.distributed import rank_rows
 from posttrain.training.trainer_state import SHARDS_DIR
 from posttrain.training.trainer import TrainBatch
 from numerics_bounds import assert_same

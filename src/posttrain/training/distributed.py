@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from posttrain.training.accumulation import loss_share, micro_batches  # noqa: F401 (loss_share: imported from here)
+from posttrain.training.accumulation import micro_batches
 from posttrain.training.trainer import Trainer
 from posttrain.training.trainer_state import SHARDS_DIR, TRAINER_STATE, fqn_optimizer_state, jsonable, tuplify
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,6 +27,7 @@ from posttrain.errors import PosttrainError
 from posttrain.models.loading import PromptEncoder, load_causal_lm
 from posttrain.rewards.preferences import PreferencePair, read_preferences
 from posttrain.training.batch import completion_logprobs, pack
+from posttrain.training.recipe import batch_indices, optimizer_step, run_recipe, save_model_dir
 
 REF_CHUNK = 256  # pairs per no-grad reference forward
 
@@ -104,11 +107,7 @@ def dpo_step(policy, optimizer, params: list, prompts, chosen, rejected, ref_c, 
     forward: rows [0, B) chosen, [B, 2B) rejected."""
     lp = sequence_logprobs(policy, prompts * 2, chosen + rejected, pad_id)
     out = dpo_loss(lp[: len(prompts)], lp[len(prompts):], ref_c, ref_r, beta)
-    optimizer.zero_grad(set_to_none=True)
-    out.loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
-    return out, gn
+    return out, optimizer_step(optimizer, out.loss, params, max_grad_norm)
 
 
 class DPOImplicitReward:
@@ -131,72 +130,121 @@ class DPOImplicitReward:
                                self.beta).tolist()
 
 
+# ---------------------------------------------------------------- the run: setup -> train -> save (recipe.py)
+
+
+@dataclass
+class DPOSetup:
+    cfg: RunConfig
+    started: float                     # perf_counter once the pairs are read
+    pairs: list[PreferencePair]
+    policy: Any                        # the HF causal LM at model.path (with LoRA: its adapted layers inside)
+    tokenizer: Any
+    adapters: Any                      # the PeftModel around `policy` with model.lora, else None
+    encoder: PromptEncoder
+    prompts: list[list[int]]           # token ids of each pair's prompt, chosen and rejected completion
+    chosen: list[list[int]]
+    rejected: list[list[int]]
+    ref_chosen: torch.Tensor           # [N] sequence logprobs under the frozen reference, computed once
+    ref_rejected: torch.Tensor
+    task: Any                          # the task whose held-out split is scored greedily before and after
+
+
+@dataclass
+class DPOTrained:
+    heldout_accuracy_before: float
+    heldout_accuracy_after: float
+    step_seconds: list[float]
+
+
 def run_dpo(cfg: RunConfig, out_dir: str | Path | None = None, log=print) -> dict:
     """Trains cfg.model.path with DPO on cfg.dpo.pairs for train.steps steps; returns (and writes) the summary."""
-    from posttrain.training.heldout import greedy_accuracy
+    return run_recipe(cfg, lambda: setup_dpo(cfg), lambda run: train_dpo(run, log),
+                      lambda run, trained: save_dpo(run, trained, out_dir, log))
+
+
+def setup_dpo(cfg: RunConfig) -> DPOSetup:
+    """Reads and encodes the pairs, loads the policy (with its adapters under model.lora) and the task, and computes
+    the reference's sequence logprobs once (it is frozen)."""
     from posttrain.tasks import load_task
-    from posttrain.tracking import MetricsWriter
-    from posttrain.training.sft import batch_indices, save_model_dir
-    from posttrain.training.trainer import learning_rate
 
     if not cfg.dpo.pairs:
         raise PosttrainError("dpo.pairs is not set", hint="set dpo.pairs to a .jsonl of {prompt, chosen, rejected}")
     pairs = read_pairs(cfg.dpo.pairs)
-    t0 = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.topology.torch_threads)
-    torch.manual_seed(cfg.seed)
-    a = cfg.algorithm
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        policy, tok, adapters = load_policy(cfg)
-        encoder = PromptEncoder(tok, cfg.model.chat_template)
-        pad = tok.pad_token_id
-        prompts = [encoder.encode(x.prompt) for x in pairs]
-        chosen = [encode_completion(encoder, x.chosen) for x in pairs]
-        rejected = [encode_completion(encoder, x.rejected) for x in pairs]
-        # the reference is frozen: its logprobs are computed once
-        ref_c, ref_r = dpo_reference_logprobs(cfg, adapters, prompts, chosen, rejected, pad)
-        task = load_task(cfg.task, cfg.seed)
-        before, _ = greedy_accuracy(policy, encoder, task, task.heldout, cfg.eval.max_new_tokens)
-        log(f"dpo: {len(pairs)} pairs, held-out score before {before:.3f}")
-        params = [p for p in policy.parameters() if p.requires_grad]  # with LoRA the adapters only
-        optimizer = torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
-        batches = batch_indices(len(pairs), cfg.dpo.batch_size, torch.Generator().manual_seed(cfg.seed))
-        writer = MetricsWriter(run_dir)
-        policy.train()
-        step_times = []
-        for step in range(cfg.train.steps):
-            ts = time.perf_counter()
-            idx = next(batches).tolist()
-            for g in optimizer.param_groups:
-                g["lr"] = learning_rate(step, cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
-            out, gn = dpo_step(policy, optimizer, params, [prompts[i] for i in idx], [chosen[i] for i in idx],
-                               [rejected[i] for i in idx], ref_c[idx], ref_r[idx], pad_id=pad, beta=a.dpo_beta,
-                               max_grad_norm=a.max_grad_norm)
-            step_times.append(time.perf_counter() - ts)
-            writer.write({"step": step + 1, "loss": float(out.loss.detach()), "rewards/chosen": float(out.rewards_chosen),
-                          "rewards/rejected": float(out.rewards_rejected), "rewards/margins": float(out.margin),
-                          "rewards/accuracy": float(out.accuracy), "grad_norm": float(gn), "time/step": step_times[-1]})
-        after, _ = greedy_accuracy(policy, encoder, task, task.heldout, cfg.eval.max_new_tokens)
-        writer.write({"step": cfg.train.steps, "eval/heldout_accuracy": after})
-        writer.close()
-        model_dir, adapter_dir = Path(out_dir or run_dir / "model"), None
-        if adapters is None:
-            save_model_dir(policy, tok, model_dir)
-        else:
-            adapter_dir = save_lora_policy(adapters, tok, model_dir, run_dir, cfg.model.path)
-    finally:
-        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    policy, tok, adapters = load_policy(cfg)
+    encoder = PromptEncoder(tok, cfg.model.chat_template)
+    prompts = [encoder.encode(x.prompt) for x in pairs]
+    chosen = [encode_completion(encoder, x.chosen) for x in pairs]
+    rejected = [encode_completion(encoder, x.rejected) for x in pairs]
+    ref_c, ref_r = dpo_reference_logprobs(cfg, adapters, prompts, chosen, rejected, tok.pad_token_id)
+    task = load_task(cfg.task, cfg.seed)
+    return DPOSetup(cfg, started, pairs, policy, tok, adapters, encoder, prompts, chosen, rejected, ref_c, ref_r, task)
+
+
+def train_dpo(run: DPOSetup, log=print) -> DPOTrained:
+    """Greedy held-out score, train.steps DPO steps (metrics per step to runs/<name>/metrics.jsonl), score again."""
+    from posttrain.tracking import MetricsWriter
+    from posttrain.training.heldout import greedy_accuracy
+
+    cfg = run.cfg
+    before, _ = greedy_accuracy(run.policy, run.encoder, run.task, run.task.heldout, cfg.eval.max_new_tokens)
+    log(f"dpo: {len(run.pairs)} pairs, held-out score before {before:.3f}")
+    writer = MetricsWriter(cfg.run_dir)
+    step_seconds = dpo_steps(run, writer)
+    after, _ = greedy_accuracy(run.policy, run.encoder, run.task, run.task.heldout, cfg.eval.max_new_tokens)
+    writer.write({"step": cfg.train.steps, "eval/heldout_accuracy": after})
+    writer.close()
+    return DPOTrained(before, after, step_seconds)
+
+
+def dpo_steps(run: DPOSetup, writer) -> list[float]:
+    """The DPO loop: train.steps steps of `dpo_step` on batches of dpo.batch_size pairs in a seeded order, AdamW on the
+    trained weights (with LoRA the adapters only) at algorithm.lr's schedule; returns each step's seconds."""
+    from posttrain.training.trainer import learning_rate
+
+    cfg, a, policy = run.cfg, run.cfg.algorithm, run.policy
+    params = [p for p in policy.parameters() if p.requires_grad]  # with LoRA the adapters only
+    optimizer = torch.optim.AdamW(params, lr=a.lr, betas=tuple(a.betas), weight_decay=a.weight_decay)
+    batches = batch_indices(len(run.pairs), cfg.dpo.batch_size, torch.Generator().manual_seed(cfg.seed))
+    policy.train()
+    step_seconds = []
+    for step in range(cfg.train.steps):
+        ts = time.perf_counter()
+        idx = next(batches).tolist()
+        for g in optimizer.param_groups:
+            g["lr"] = learning_rate(step, cfg.train.steps, a.lr, a.lr_schedule, a.lr_final_fraction)
+        out, gn = dpo_step(policy, optimizer, params, [run.prompts[i] for i in idx], [run.chosen[i] for i in idx],
+                           [run.rejected[i] for i in idx], run.ref_chosen[idx], run.ref_rejected[idx],
+                           pad_id=run.tokenizer.pad_token_id, beta=a.dpo_beta, max_grad_norm=a.max_grad_norm)
+        step_seconds.append(time.perf_counter() - ts)
+        writer.write({"step": step + 1, "loss": float(out.loss.detach()), "rewards/chosen": float(out.rewards_chosen),
+                      "rewards/rejected": float(out.rewards_rejected), "rewards/margins": float(out.margin),
+                      "rewards/accuracy": float(out.accuracy), "grad_norm": float(gn), "time/step": step_seconds[-1]})
+    return step_seconds
+
+
+def save_dpo(run: DPOSetup, trained: DPOTrained, out_dir: str | Path | None = None, log=print) -> dict:
+    """Writes the policy to `out_dir` (default runs/<name>/model; with LoRA merged, and its adapter to
+    runs/<name>/adapter) and runs/<name>/summary.json; returns the summary."""
+    cfg, run_dir = run.cfg, run.cfg.run_dir
+    model_dir, adapter_dir = Path(out_dir or run_dir / "model"), None
+    if run.adapters is None:
+        save_model_dir(run.policy, run.tokenizer, model_dir)
+    else:
+        adapter_dir = save_lora_policy(run.adapters, run.tokenizer, model_dir, run_dir, cfg.model.path)
+    times = trained.step_seconds
     summary = {
-        "name": cfg.name, "algorithm": "dpo", "steps": cfg.train.steps, "pairs": len(pairs),
-        "heldout_accuracy_before": before, "heldout_accuracy_after": after,
-        "mean_step_seconds": sum(step_times) / max(len(step_times), 1), "wall_seconds": time.perf_counter() - t0,
+        "name": cfg.name, "algorithm": "dpo", "steps": cfg.train.steps, "pairs": len(run.pairs),
+        "heldout_accuracy_before": trained.heldout_accuracy_before,
+        "heldout_accuracy_after": trained.heldout_accuracy_after,
+        "mean_step_seconds": sum(times) / max(len(times), 1), "wall_seconds": time.perf_counter() - run.started,
         "model_dir": str(model_dir), "adapter_dir": str(adapter_dir) if adapter_dir else None,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    log(f"dpo: held-out score {before:.3f} -> {after:.3f}; model written to {model_dir}")
+    log(f"dpo: held-out score {trained.heldout_accuracy_before:.3f} -> {trained.heldout_accuracy_after:.3f}; "
+        f"model written to {model_dir}")
     return summary
 
 
@@ -220,7 +268,6 @@ def save_lora_policy(adapters, tokenizer, model_dir: Path, run_dir: Path, base_p
 
     from posttrain.models.loading import model_content_hash
     from posttrain.models.lora import ADAPTER_DIR, save_adapter
-    from posttrain.training.sft import save_model_dir
 
     save_model_dir(_MergedView(adapters, tokenizer), tokenizer, model_dir)
     adapter_dir = run_dir / ADAPTER_DIR

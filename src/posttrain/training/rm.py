@@ -18,7 +18,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -26,7 +26,7 @@ from posttrain.models.loading import PromptEncoder
 from posttrain.rewards.bradley_terry import bradley_terry_loss, mean_margin, pairwise_accuracy, reward_stats
 from posttrain.rewards.preferences import PreferencePair, read_preferences
 from posttrain.rewards.reward_model import STATS_FILE, encode_sample, load_backbone, scores
-from posttrain.training.sft import save_model_dir
+from posttrain.training.recipe import optimizer_step, run_recipe, save_model_dir
 
 if TYPE_CHECKING:
     from posttrain.config import RunConfig
@@ -72,23 +72,37 @@ def evaluate_pairs(model, encoded, pad_id: int, batch_size: int) -> tuple[torch.
     return torch.cat(out_c), torch.cat(out_r)
 
 
+# ---------------------------------------------------------------- the run: setup -> train -> save (recipe.py)
+
+
+Encoded = tuple[list[int], list[int], float]  # a pair: (prompt + chosen ids, prompt + rejected ids, its margin)
+
+
+@dataclass
+class RMSetup:
+    cfg: "RunConfig"
+    started: float                 # perf_counter at the start of setup
+    model: Any                     # the backbone with its scalar head (with rm.lora: the adapted layers inside)
+    tokenizer: Any
+    adapters: Any                  # the PeftModel around `model` with rm.lora, else None
+    train_set: list[Encoded]
+    held_set: list[Encoded]
+
+
 def train_reward_model(cfg: "RunConfig", log: Callable[[str], None] = lambda m: None,
                        progress: Callable[[int, int, float], None] | None = None) -> RMResult:
-    """Trains on cfg.rm.data from cfg.rm.base and writes cfg.rm.out (replaced whole). Uses
-    topology.torch_threads intra-op threads (restored on return). progress(done, total, loss) is called after each
-    optimizer step."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.topology.torch_threads)
-    try:
-        return _train(cfg, log, progress or (lambda done, total, loss: None))
-    finally:
-        torch.set_num_threads(threads)
+    """Trains on cfg.rm.data from cfg.rm.base and writes cfg.rm.out (replaced whole): setup_rm -> train_rm -> save_rm.
+    Uses topology.torch_threads intra-op threads (restored on return). progress(done, total, loss) is called after
+    each optimizer step."""
+    return run_recipe(cfg, lambda: setup_rm(cfg),
+                      lambda run: train_rm(run, log, progress or (lambda done, total, loss: None)), save_rm)
 
 
-def _train(cfg: "RunConfig", log, progress) -> RMResult:
-    t0 = time.perf_counter()
+def setup_rm(cfg: "RunConfig") -> RMSetup:
+    """Reads rm.data, loads the backbone with a scalar head (and its adapters under rm.lora), encodes the pairs and
+    splits off the held-out ones."""
+    started = time.perf_counter()
     rm = cfg.rm
-    torch.manual_seed(cfg.seed)
     pairs: list[PreferencePair] = read_preferences(rm.data)
     model, tok = load_backbone(rm.base, "rm.base")
     adapters = None
@@ -98,49 +112,59 @@ def _train(cfg: "RunConfig", log, progress) -> RMResult:
         adapters = apply_lora_reward_model(model, rm.lora, rm.base)
     encoder = PromptEncoder(tok, cfg.model.chat_template)
     max_len = int(getattr(model.config, "max_position_embeddings", 512) or 512)
-    encoded = [(encode_sample(encoder, p.prompt, p.chosen, max_len), encode_sample(encoder, p.prompt, p.rejected, max_len),
-                p.margin + rm.margin) for p in pairs]
+    encoded = [(encode_sample(encoder, p.prompt, p.chosen, max_len),
+                encode_sample(encoder, p.prompt, p.rejected, max_len), p.margin + rm.margin) for p in pairs]
     train_idx, held_idx = split_heldout(len(encoded), rm.heldout_fraction, cfg.seed)
-    train_set, held_set = [encoded[i] for i in train_idx], [encoded[i] for i in held_idx]
-    pad_id = tok.pad_token_id
+    return RMSetup(cfg, started, model, tok, adapters, [encoded[i] for i in train_idx], [encoded[i] for i in held_idx])
+
+
+def train_rm(run: RMSetup, log: Callable[[str], None], progress: Callable[[int, int, float], None]) -> list[dict]:
+    """rm.epochs epochs over the training pairs in a seeded order, AdamW on the trained weights (with rm.lora the
+    adapters and the head), held-out pairwise accuracy and margin after each; returns the per-epoch records."""
+    rm, model, pad_id = run.cfg.rm, run.model, run.tokenizer.pad_token_id
     params = [p for p in model.parameters() if p.requires_grad]  # with rm.lora: the adapters and the head
     optimizer = torch.optim.AdamW(params, lr=rm.lr, weight_decay=0.0)
-    rng = random.Random(cfg.seed)
+    rng = random.Random(run.cfg.seed)
     history = []
-    total_steps, done = rm.epochs * -(-len(train_set) // rm.batch_size), 0
+    total_steps, done = rm.epochs * -(-len(run.train_set) // rm.batch_size), 0
     for epoch in range(rm.epochs):
         model.train()
-        order = list(range(len(train_set)))
+        order = list(range(len(run.train_set)))
         rng.shuffle(order)
         losses = []
         for i in range(0, len(order), rm.batch_size):
-            batch = [train_set[j] for j in order[i:i + rm.batch_size]]
+            batch = [run.train_set[j] for j in order[i:i + rm.batch_size]]
             r_c, r_r = _pair_scores(model, batch, pad_id)
             loss = bradley_terry_loss(r_c, r_r, torch.tensor([m for _, _, m in batch]), rm.center_coef)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
+            optimizer_step(optimizer, loss, params, 1.0)
             losses.append(loss.item())
             done += 1
             progress(done, total_steps, losses[-1])
         model.eval()
-        h_c, h_r = evaluate_pairs(model, held_set, pad_id, 2 * rm.batch_size)
+        h_c, h_r = evaluate_pairs(model, run.held_set, pad_id, 2 * rm.batch_size)
         rec = {"epoch": epoch + 1, "loss": sum(losses) / len(losses), "heldout_accuracy": pairwise_accuracy(h_c, h_r),
                "heldout_margin": mean_margin(h_c, h_r)}
         history.append(rec)
         log(f"epoch {rec['epoch']}: loss {rec['loss']:.4f}, held-out pairwise accuracy {rec['heldout_accuracy']:.3f}, "
-            f"mean margin {rec['heldout_margin']:.3f} ({len(held_set)} pairs)")
-    t_c, t_r = evaluate_pairs(model, train_set, pad_id, 2 * rm.batch_size)
+            f"mean margin {rec['heldout_margin']:.3f} ({len(run.held_set)} pairs)")
+    return history
+
+
+def save_rm(run: RMSetup, history: list[dict]) -> RMResult:
+    """Writes rm.out (with rm.lora: merged, and the adapter in rm.out/adapter) and, beside the weights, the reward
+    mean/std over the training pairs with the run's stats (posttrain_reward.json)."""
+    rm, pad_id = run.cfg.rm, run.tokenizer.pad_token_id
+    t_c, t_r = evaluate_pairs(run.model, run.train_set, pad_id, 2 * rm.batch_size)
     mean, std = reward_stats(torch.cat([t_c, t_r]))
-    out = save_model_dir(model, tok, rm.out) if adapters is None else _save_lora_reward_model(adapters, tok, rm)
+    out = (save_model_dir(run.model, run.tokenizer, rm.out) if run.adapters is None
+           else _save_lora_reward_model(run.adapters, run.tokenizer, rm))
     result = RMResult(str(out), history[-1]["heldout_accuracy"], history[-1]["heldout_margin"], mean, std,
-                      len(train_set), len(held_set), 0.0, history)
-    result.wall_seconds = time.perf_counter() - t0
+                      len(run.train_set), len(run.held_set), 0.0, history)
+    result.wall_seconds = time.perf_counter() - run.started
     (out / STATS_FILE).write_text(json.dumps({
         "mean": mean, "std": std, "heldout_accuracy": result.heldout_accuracy, "heldout_margin": result.heldout_margin,
-        "train_pairs": len(train_set), "heldout_pairs": len(held_set), "history": history, "base": rm.base,
-        "data": rm.data, "seed": cfg.seed, "rm": rm.model_dump(),
+        "train_pairs": len(run.train_set), "heldout_pairs": len(run.held_set), "history": history, "base": rm.base,
+        "data": rm.data, "seed": run.cfg.seed, "rm": rm.model_dump(),
     }, indent=1) + "\n")
     return result
 

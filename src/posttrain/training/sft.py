@@ -17,13 +17,10 @@ for hundreds of steps, then jumps ~10-17 points per 50 steps; seed 0 reached 22%
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -31,10 +28,11 @@ from posttrain.algorithms.common import masked_mean, token_logprobs
 from posttrain.training.heldout import greedy_accuracy
 from posttrain.models.loading import PromptEncoder, load_causal_lm
 from posttrain.tasks import load_task
+from posttrain.training.recipe import batch_indices, optimizer_step, run_recipe, save_model_dir
 
 if TYPE_CHECKING:
-    from posttrain.config import RunConfig
-    from posttrain.tasks.base import Problem
+    from posttrain.config import RunConfig, SFTConfig
+    from posttrain.tasks.base import Problem, Task
 
 WEIGHT_DECAY = 0.01   # torch's AdamW default; the measured recipe used it
 MAX_GRAD_NORM = 1.0   # guards the tiny model against the occasional spike around its sudden jump in accuracy
@@ -79,23 +77,54 @@ def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Ten
     return -masked_mean(logp, loss_mask[:, 1:])
 
 
-def batch_indices(num_examples: int, batch_size: int, generator: torch.Generator):
-    """Endless stream of index batches: a fresh seeded permutation each epoch, batches never straddle epochs."""
-    if batch_size > num_examples:
-        batch_size = num_examples
-    while True:
-        order = torch.randperm(num_examples, generator=generator)
-        for start in range(0, num_examples - batch_size + 1, batch_size):
-            yield order[start:start + batch_size]
-
-
 def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
     """Linear warm-up from lr/warmup_steps to lr over `warmup_steps` optimizer steps, then constant (the run stops on
     a held-out target, not at a planned length, so there is no decay horizon to aim at)."""
     return lr * min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else lr
 
 
-# ---------------------------------------------------------------- the run
+# ---------------------------------------------------------------- the loop, shared with SFT on traces
+
+
+def sft_steps(model, examples: Sequence[tuple[list[int], list[int]]], pad_id: int, sft: "SFTConfig",
+              seed: int) -> Iterator[tuple[int, float]]:
+    """The SFT inner loop (also run_sft_traces'): AdamW on every weight, batches of `sft.batch_size` examples in a
+    seeded order, `sft.warmup_steps` of linear warm-up, the loss on the tokens whose loss mask is 1 only. `examples`
+    are (token ids, 0/1 loss mask) rows: how a problem or a trace becomes one is the caller's. Yields (step, loss)
+    after each optimizer step, up to `sft.max_steps`; leaving the loop early stops training."""
+    input_ids, loss_mask = pack_examples(examples, pad_id)
+    # From the examples, not from `!= pad`: tokenizers without a pad token reuse EOS as pad (see load_tokenizer).
+    lengths = torch.tensor([len(ids) for ids, _ in examples])
+    batches = batch_indices(len(examples), sft.batch_size, torch.Generator().manual_seed(seed))
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=sft.lr, weight_decay=WEIGHT_DECAY)
+    model.train()
+    for step in range(sft.max_steps):
+        idx = next(batches)
+        width = int(lengths[idx].max())
+        ids, mask = input_ids[idx, :width], loss_mask[idx, :width]
+        attention = (torch.arange(width)[None, :] < lengths[idx, None]).long()
+        for group in optimizer.param_groups:
+            group["lr"] = warmup_lr(step, sft.lr, sft.warmup_steps)
+        loss = sft_loss(model(input_ids=ids, attention_mask=attention).logits, ids, mask)
+        optimizer_step(optimizer, loss, params, MAX_GRAD_NORM)
+        yield step + 1, loss.item()
+
+
+# ---------------------------------------------------------------- the run: setup -> train -> save (recipe.py)
+
+
+@dataclass
+class SFTSetup:
+    cfg: "RunConfig"
+    base_model_dir: str | Path
+    out_dir: str | Path
+    started: float                                  # perf_counter at the start of setup
+    model: Any
+    tokenizer: Any
+    encoder: PromptEncoder
+    task: "Task"                                    # train and held-out problems
+    examples: list[tuple[list[int], list[int]]]     # the training split, encoded (encode_sft_example)
 
 
 def run_sft(
@@ -109,87 +138,47 @@ def run_sft(
     `sft.max_steps`, and writes the model + tokenizer to `out_dir` (replaced whole, never left half-written).
     `on_eval(step, accuracy)` is called after each evaluation. Uses `topology.torch_threads` intra-op threads (the
     caller's setting is restored on return): more threads than free cores slows a model this small several-fold."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.topology.torch_threads)
-    try:
-        return _run_sft(cfg, base_model_dir, out_dir, on_eval)
-    finally:
-        torch.set_num_threads(threads)
+    return run_recipe(cfg, lambda: setup_sft(cfg, base_model_dir, out_dir), lambda run: train_sft(run, on_eval),
+                      save_sft)
 
 
-def _run_sft(cfg: "RunConfig", base_model_dir, out_dir, on_eval) -> SFTResult:
-    t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    sft = cfg.sft
-
+def setup_sft(cfg: "RunConfig", base_model_dir: str | Path, out_dir: str | Path) -> SFTSetup:
+    """Loads the base model (float32), its tokenizer and the task, and encodes the training split."""
+    started = time.perf_counter()
     model, tok = load_causal_lm(base_model_dir, dtype="float32", field="sft base model")
     encoder = PromptEncoder(tok, mode=cfg.model.chat_template)
     task = load_task(cfg.task, cfg.seed)
     examples = [encode_sft_example(encoder, p) for p in task.train]
-    input_ids, loss_mask = pack_examples(examples, tok.pad_token_id)
-    # From the examples, not from `!= pad`: tokenizers without a pad token reuse EOS as pad (see load_tokenizer).
-    lengths = torch.tensor([len(ids) for ids, _ in examples])
+    return SFTSetup(cfg, base_model_dir, out_dir, started, model, tok, encoder, task, examples)
 
-    generator = torch.Generator().manual_seed(cfg.seed)
-    batches = batch_indices(len(task.train), sft.batch_size, generator)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=WEIGHT_DECAY)
 
+def train_sft(run: SFTSetup, on_eval: Callable[[int, float], None] | None = None) -> SFTResult:
+    """`sft_steps` until the first held-out evaluation at or above the target, or `sft.max_steps`; the result
+    without its wall time (save_sft adds it)."""
+    cfg, sft = run.cfg, run.cfg.sft
     history: list[tuple[int, float]] = []
     accuracy, reached, step = 0.0, False, 0
-    model.train()
-    while step < sft.max_steps:
-        idx = next(batches)
-        width = int(lengths[idx].max())
-        ids, mask = input_ids[idx, :width], loss_mask[idx, :width]
-        attention = (torch.arange(width)[None, :] < lengths[idx, None]).long()
-        for group in optimizer.param_groups:
-            group["lr"] = warmup_lr(step, sft.lr, sft.warmup_steps)
-        logits = model(input_ids=ids, attention_mask=attention).logits
-        loss = sft_loss(logits, ids, mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-        optimizer.step()
-        step += 1
-
+    for step, _ in sft_steps(run.model, run.examples, run.tokenizer.pad_token_id, sft, cfg.seed):
         if step % sft.eval_every == 0 or step == sft.max_steps:
-            accuracy, _ = greedy_accuracy(model, encoder, task, task.heldout, max_new_tokens=cfg.eval.max_new_tokens)
+            accuracy, _ = greedy_accuracy(run.model, run.encoder, run.task, run.task.heldout,
+                                          max_new_tokens=cfg.eval.max_new_tokens)
             history.append((step, accuracy))
             if on_eval is not None:
                 on_eval(step, accuracy)
             if accuracy >= sft.target_accuracy:
                 reached = True
                 break
+    return SFTResult(steps=step, heldout_accuracy=accuracy, wall_seconds=0.0, history=history,
+                     out_dir=str(run.out_dir), reached_target=reached)
 
-    result = SFTResult(
-        steps=step, heldout_accuracy=accuracy, wall_seconds=0.0, history=history, out_dir=str(out_dir),
-        reached_target=reached,
-    )
-    save_model_dir(model, tok, out_dir, provenance={
-        "base_model": str(base_model_dir), "seed": cfg.seed, "task": cfg.task.model_dump(), "sft": sft.model_dump(),
-        "steps": step, "heldout_accuracy": accuracy, "history": history, "reached_target": reached,
+
+def save_sft(run: SFTSetup, result: SFTResult) -> SFTResult:
+    """Writes the model + tokenizer and `sft.json` (provenance) to `out_dir`; returns the result with its wall time."""
+    cfg = run.cfg
+    save_model_dir(run.model, run.tokenizer, run.out_dir, provenance={
+        "base_model": str(run.base_model_dir), "seed": cfg.seed, "task": cfg.task.model_dump(),
+        "sft": cfg.sft.model_dump(), "steps": result.steps, "heldout_accuracy": result.heldout_accuracy,
+        "history": result.history, "reached_target": result.reached_target,
     })
-    result.wall_seconds = time.perf_counter() - t0
+    result.wall_seconds = time.perf_counter() - run.started
     return result
-
-
-def save_model_dir(model, tokenizer, out_dir: str | Path, provenance: dict | None = None) -> Path:
-    """Writes an HF directory (safetensors + tokenizer, plus `sft.json` provenance) to a temporary sibling, fsyncs
-    it, then renames it into place: a killed run leaves the old directory or the new one, never half of one."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
-    if provenance is not None:
-        (tmp / "sft.json").write_text(json.dumps(provenance, indent=2) + "\n")
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-    return out

@@ -20,15 +20,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import load_causal_lm
 from posttrain.rollout.trajectory import ChatRenderer
-from posttrain.training.sft import (MAX_GRAD_NORM, WEIGHT_DECAY, batch_indices, pack_examples, save_model_dir,
-                                    sft_loss, warmup_lr)
+from posttrain.training.recipe import run_recipe, save_model_dir
+from posttrain.training.sft import sft_steps
 
 if TYPE_CHECKING:
     from posttrain.config import RunConfig
@@ -73,6 +71,17 @@ def encode_trace(renderer: ChatRenderer, messages: Sequence[dict]) -> tuple[list
     return ids, mask
 
 
+@dataclass
+class TraceSFTSetup:
+    cfg: "RunConfig"
+    base_model_dir: str | Path
+    out_dir: str | Path
+    started: float                               # perf_counter at the start of setup
+    model: Any
+    tokenizer: Any
+    examples: list[tuple[list[int], list[int]]]  # the traces, encoded (encode_trace)
+
+
 def run_sft_traces(
     cfg: "RunConfig",
     base_model_dir: str | Path,
@@ -85,18 +94,15 @@ def run_sft_traces(
     `sft.max_steps` steps and writes model + tokenizer to `out_dir` (replaced whole). `tools`: the JSON schemas the
     chat template shows (as the rollout's). `on_step(step, loss)` after each step. Uses `topology.torch_threads`
     intra-op threads; the caller's setting is restored on return."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.topology.torch_threads)
-    try:
-        return _run(cfg, base_model_dir, out_dir, traces, tools, on_step)
-    finally:
-        torch.set_num_threads(threads)
+    return run_recipe(cfg, lambda: setup_trace_sft(cfg, base_model_dir, out_dir, traces, tools),
+                      lambda run: train_trace_sft(run, on_step), save_trace_sft)
 
 
-def _run(cfg, base_model_dir, out_dir, traces, tools, on_step) -> TraceSFTResult:
-    t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    sft = cfg.sft
+def setup_trace_sft(cfg: "RunConfig", base_model_dir: str | Path, out_dir: str | Path,
+                    traces: Sequence[Sequence[dict]], tools: list[dict] | None) -> TraceSFTSetup:
+    """Loads the base model (float32) and its tokenizer, and encodes the traces; a trace longer than the model's
+    positions is an error."""
+    started = time.perf_counter()
     model, tok = load_causal_lm(base_model_dir, dtype="float32", field="sft base model")
     renderer = ChatRenderer(tok, tools, str(base_model_dir))
     examples = [encode_trace(renderer, t) for t in traces]
@@ -105,33 +111,27 @@ def _run(cfg, base_model_dir, out_dir, traces, tools, on_step) -> TraceSFTResult
         raise PosttrainError(f"sft trace: a trace is {longest} tokens, longer than the model's "
                              f"max_position_embeddings={model.config.max_position_embeddings}",
                              hint="build the model with a longer max_position_embeddings or shorten the traces")
-    input_ids, loss_mask = pack_examples(examples, tok.pad_token_id)
-    lengths = torch.tensor([len(ids) for ids, _ in examples])
+    return TraceSFTSetup(cfg, base_model_dir, out_dir, started, model, tok, examples)
 
-    generator = torch.Generator().manual_seed(cfg.seed)
-    batches = batch_indices(len(examples), sft.batch_size, generator)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, weight_decay=WEIGHT_DECAY)
+
+def train_trace_sft(run: TraceSFTSetup, on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """`sft.max_steps` steps of the SFT loop (sft.sft_steps); the training loss of each."""
     losses: list[float] = []
-    model.train()
-    for step in range(sft.max_steps):
-        idx = next(batches)
-        width = int(lengths[idx].max())
-        ids, mask = input_ids[idx, :width], loss_mask[idx, :width]
-        attention = (torch.arange(width)[None, :] < lengths[idx, None]).long()
-        for group in optimizer.param_groups:
-            group["lr"] = warmup_lr(step, sft.lr, sft.warmup_steps)
-        loss = sft_loss(model(input_ids=ids, attention_mask=attention).logits, ids, mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-        optimizer.step()
-        losses.append(loss.item())
+    for step, loss in sft_steps(run.model, run.examples, run.tokenizer.pad_token_id, run.cfg.sft, run.cfg.seed):
+        losses.append(loss)
         if on_step is not None:
-            on_step(step + 1, losses[-1])
-    model.eval()
-    save_model_dir(model, tok, out_dir, provenance={
-        "base_model": str(base_model_dir), "seed": cfg.seed, "sft": sft.model_dump(), "traces": len(examples),
-        "steps": sft.max_steps, "final_loss": sum(losses[-10:]) / max(1, len(losses[-10:])),
+            on_step(step, loss)
+    run.model.eval()
+    return losses
+
+
+def save_trace_sft(run: TraceSFTSetup, losses: list[float]) -> TraceSFTResult:
+    """Writes the model + tokenizer and `sft.json` (provenance) to `out_dir`."""
+    cfg = run.cfg
+    final_loss = sum(losses[-10:]) / max(1, len(losses[-10:]))
+    save_model_dir(run.model, run.tokenizer, run.out_dir, provenance={
+        "base_model": str(run.base_model_dir), "seed": cfg.seed, "sft": cfg.sft.model_dump(),
+        "traces": len(run.examples), "steps": cfg.sft.max_steps, "final_loss": final_loss,
     })
-    return TraceSFTResult(steps=sft.max_steps, final_loss=sum(losses[-10:]) / max(1, len(losses[-10:])),
-                          wall_seconds=time.perf_counter() - t0, out_dir=str(out_dir))
+    return TraceSFTResult(steps=cfg.sft.max_steps, final_loss=final_loss,
+                          wall_seconds=time.perf_counter() - run.started, out_dir=str(run.out_dir))
