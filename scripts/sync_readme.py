@@ -61,7 +61,8 @@ LAYER_LINES = {
     "orchestration": "Ray runtime, roles in placement groups, the trainer group, re-forming roles, launch",
     "view": "the run page",
     "review": "blind review with your team",
-    "top": "the run: loop, step, cli, demo, probe (modules of the package root not in the ground layer)",
+    "top": "the run: loop, step, demo, probe (modules of the package root not in the ground layer)",
+    "cli": "the `posttrain` command line: every command and command group, registered in one place",
 }
 
 
@@ -142,7 +143,7 @@ def layers_block() -> str:
         if layer == "ground":
             what = ", ".join(f"`{g}`" for g in sorted(arch.GROUND) if g != "posttrain")
         elif layer == "top":
-            what = "every other module of the package root (`loop.py`, `step.py`, `cli*.py`, ...)"
+            what = "every other module of the package root (`loop.py`, `step.py`, `demo.py`, ...)"
         else:
             what = f"`{layer}/`" + ("" if layer in on_disk else " (not in the tree)")
         lines.append(f"| {i} | {layer} | {LAYER_LINES.get(layer, '')} | {what} |")

@@ -32,7 +32,7 @@ def suite_file(tmp_path):
 
 
 def test_hf_eval_records_and_identical_models_compare_clean(tiny_model_dir, suite_file, tmp_path):
-    from posttrain.cli_eval import run_compare, run_eval
+    from posttrain.cli.eval import run_compare, run_eval
 
     evaluator = ModelEvaluator(EngineSettings(kind="hf"), tmp_path / "cache")
     doc = run_eval(tiny_model_dir, [suite_file], tmp_path / "out", evaluator)
@@ -67,7 +67,7 @@ def test_content_hash_follows_the_weights(tiny_model_dir, tmp_path):
 
 
 def test_compare_refuses_models_of_different_architectures(tiny_model_dir, suite_file, tmp_path):
-    from posttrain.cli_eval import run_compare
+    from posttrain.cli.eval import run_compare
     from posttrain.models.tiny import build_tiny_model
 
     other = build_tiny_model(tmp_path / "tiny-4m", "4m", seed=0)

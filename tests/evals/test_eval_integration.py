@@ -65,7 +65,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_fixed_seeds_give_identical_results_and_rerun_is_cached(evaluator, models, tmp_path, cache_dir):
-    from posttrain.cli_eval import run_eval
+    from posttrain.cli.eval import run_eval
 
     first = run_eval(models["warm"], SUITES, tmp_path / "a", evaluator)  # fills the cache (starts the engine)
     assert not any(s["cached"] for s in first["suites"])
@@ -94,7 +94,7 @@ def test_fixed_seeds_give_identical_results_and_rerun_is_cached(evaluator, model
 
 
 def compare_verdicts(evaluator, models, b: str, out: Path):
-    from posttrain.cli_eval import run_compare
+    from posttrain.cli.eval import run_compare
 
     rows, md = run_compare(models["warm"], models[b], SUITES, out, evaluator, margin=0.02, alpha=0.05, seed=0)
     print(f"\ncompare warm -> {b}:\n{md}")

@@ -16,17 +16,12 @@ from typing import Optional
 
 import typer
 
-from posttrain.cli_common import console, user_errors
-
-review_app = typer.Typer(no_args_is_help=True, help="Blind pairwise review of checkpoints by people: sessions, "
-                         "the review page, results and exports.")
+from posttrain.cli.common import console
 
 DEFAULT_DB = "reviews/review.db"
 DB_HELP = "The review database (SQLite)."
 
 
-@review_app.command("new")
-@user_errors
 def new(
     a: str = typer.Option(..., "--a", help="Model directory A (e.g. the baseline)."),
     b: str = typer.Option(..., "--b", help="Model directory B (the candidate): the win rate is B's over A."),
@@ -93,8 +88,6 @@ def print_results(r: dict) -> None:
         out("no scorer yet: --rm DIR or --judge-url URL scores the pairs and shows whether it agrees with the people")
 
 
-@review_app.command("results")
-@user_errors
 def results(
     session: str = typer.Argument(..., help="Session id."),
     db: str = typer.Option(DEFAULT_DB, "--db", help=DB_HELP),
@@ -119,8 +112,6 @@ def results(
         console.print(f"wrote {json_out}", highlight=False)
 
 
-@review_app.command("export")
-@user_errors
 def export(
     session: str = typer.Argument(..., help="Session id."),
     db: str = typer.Option(DEFAULT_DB, "--db", help=DB_HELP),
@@ -147,8 +138,6 @@ def export(
                       highlight=False)
 
 
-@review_app.command("export-flags")
-@user_errors
 def export_flags_cmd(
     run: str = typer.Option(..., "--run", help="The run whose flagged samples to export (runs/<name>)."),
     out: str = typer.Option(..., "--out", help="Regression suite to write (.yaml)."),
@@ -165,8 +154,6 @@ def export_flags_cmd(
     console.print(f"wrote a regression suite of {count} cases to {out}", highlight=False)
 
 
-@review_app.command("serve")
-@user_errors
 def serve(
     db: str = typer.Option(DEFAULT_DB, "--db", help=DB_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but loopback needs --token."),

@@ -1,5 +1,5 @@
 """`posttrain plan`, `posttrain cost` and `posttrain launch`: the topology planner, the build-vs-buy model and the
-launch specs on the command line. Registered on the main app by cli.py."""
+launch specs on the command line."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def plan(
     out: Optional[str] = typer.Option(None, "--out", help="Write the plan as JSON here."),
 ):
     """Plan where the roles go: memory per device, feasibility, step time and cost for each layout."""
-    from posttrain.cli_common import split_config_args
+    from posttrain.cli.common import split_config_args
     from posttrain.config import load_config
     from posttrain.topology.from_config import plan_document, plan_for_config
 
@@ -162,8 +162,3 @@ def launch(
     launch_command(console, config, target, out=out, address=address, cluster=cluster, image=image,
                    checkpoint_bucket=checkpoint_bucket, spot=spot, wait=wait)
 
-
-def register(app: typer.Typer, user_errors) -> None:
-    """Add `plan`, `cost` and `launch` to the CLI, each behind the CLI's user-error handler."""
-    for command in (plan, cost, launch):
-        app.command()(user_errors(command))

@@ -13,7 +13,7 @@ def dpo(
     quiet: bool = typer.Option(False, "--quiet"),
 ):
     """Offline DPO from preference pairs (dpo.pairs: jsonl of prompt, chosen, rejected) starting at model.path."""
-    from posttrain.cli_common import console, print_summary, split_config_args
+    from posttrain.cli.common import console, print_summary, split_config_args
     from posttrain.config import load_config
 
     config, overrides = split_config_args(config, overrides or [])
@@ -23,7 +23,7 @@ def dpo(
 
 
 def run(cfg, quiet: bool = False) -> dict:
-    from posttrain.cli_common import err_console
+    from posttrain.cli.common import err_console
     from posttrain.training.dpo import run_dpo
 
     return run_dpo(cfg, log=(lambda m: None) if quiet else (lambda m: err_console.print(m, highlight=False)))

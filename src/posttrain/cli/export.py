@@ -21,7 +21,7 @@ def export(
     step: Optional[int] = typer.Option(None, "--step", help="The checkpoint's step (default: the newest valid one)."),
 ):
     """Write a checkpoint as a merged HF model directory (weights + config + tokenizer)."""
-    from posttrain.cli_common import console
+    from posttrain.cli.common import console
 
     console.print(export_merged(run_dir, merge, step), highlight=False, soft_wrap=True)
 

@@ -1,10 +1,10 @@
-"""`posttrain probe CONFIG`: will RL work on this task? (probe.py). Registered on the main app by cli.py."""
+"""`posttrain probe CONFIG`: will RL work on this task? (posttrain/probe.py)."""
 
 from __future__ import annotations
 
 import typer
 
-from posttrain.cli_common import console, split_config_args
+from posttrain.cli.common import console, split_config_args
 from posttrain.errors import PosttrainError
 from posttrain.evals.no_signal import EXIT_NO_SIGNAL  # a no-signal verdict: training would train on nothing
 

@@ -1,5 +1,6 @@
 """What every `posttrain` command module shares: the consoles, the user-error wrapper (one message, exit code 2,
-no traceback), config-argument splitting and the run-summary table. Command modules import this, never cli.py."""
+no traceback), config-argument splitting and the run-summary table. Command modules import this, never the
+package's __init__ (which imports them to register their commands)."""
 
 from __future__ import annotations
 

@@ -10,14 +10,9 @@ from typing import Optional
 
 import typer
 
-from posttrain.cli_common import console, split_config_args, user_errors
+from posttrain.cli.common import console, split_config_args
 from posttrain.config import load_config
 
-rm_app = typer.Typer(no_args_is_help=True, help="Reward models: preference pairs and Bradley-Terry training.")
-
-
-@rm_app.command("pairs")
-@user_errors
 def rm_pairs(
     config: Optional[str] = typer.Argument(None, help="YAML run config (default: built-in)."),
     overrides: list[str] = typer.Argument(None),
@@ -37,8 +32,6 @@ def rm_pairs(
     console.print(f"wrote {len(rows)} pairs ({flipped} labels swapped) to {path}")
 
 
-@rm_app.command("train")
-@user_errors
 def rm_train(
     config: Optional[str] = typer.Argument(None, help="YAML run config (default: built-in)."),
     overrides: list[str] = typer.Argument(None),

@@ -1,0 +1,5 @@
+"""`python -m posttrain.cli ...`: the `posttrain` command."""
+
+from posttrain.cli import main
+
+main()
