@@ -1,1 +1,2 @@
-"""Reward sources: verifiable reward functions (built-in tasks), later reward models and judges."""
+"""Reward sources: verifiers of the built-in tasks, your reward functions, reward models, an LLM judge, and their
+composition."""
