@@ -53,8 +53,9 @@ def test_config_refuses_what_one_step_off_cannot_honour():
     from posttrain.one_step_off import check_one_step_off_config
 
     check_one_step_off_config(load_config(None, ["rollout.async_one_step_off=true"]))
-    with pytest.raises(PosttrainError, match="rollout.temperature=1"):
-        check_one_step_off_config(load_config(None, ["rollout.async_one_step_off=true", "rollout.temperature=0.7"]))
+    # any temperature and top_p: the engines return the sampled distribution's logprobs (behaviour_logprobs_mode)
+    check_one_step_off_config(load_config(None, ["rollout.max_staleness=2", "rollout.temperature=0.7",
+                                                 "rollout.top_p=0.9"]))
     with pytest.raises(PosttrainError, match="dynamic_sampling_rounds"):
         check_one_step_off_config(load_config(None, ["rollout.async_one_step_off=true", "algorithm.name=dapo"]))
     with pytest.raises(PosttrainError, match="action is rollback"):

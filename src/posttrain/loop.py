@@ -293,7 +293,7 @@ def open_step_loop(run: OpenRun, resume: bool, notify) -> None:
     run.sample_log = MetricsWriter(run.run_dir, resume_from_step=from_step, filename="samples.jsonl")
     run.sampler = PromptSampler(prepared.task.train, cfg.seed, state.cursor)
     run.reward_budget = FailureBudget(cfg.reward.max_failure_fraction, cfg.reward.failure_window_steps)
-    if cfg.rollout.async_one_step_off:  # rollout of step t+1 overlaps training of step t
+    if cfg.rollout.asynchronous:  # the next steps' rollouts overlap training (rollout.max_staleness)
         run.ahead = OneStepOffRollout(cfg, run.sampler, prepared.encoder)
     run.alarms = LoopAlarms(cfg, prepared.tokenizer, notify)  # reward-hacking alarms (alarms.rules), fed every step
     run.no_signal = NoSignalWatch(cfg.alarms.no_signal_steps, cfg.alarms.no_signal_action, notify, run.bar.log)

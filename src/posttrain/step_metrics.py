@@ -50,6 +50,8 @@ def step_record(cfg: RunConfig, step: int, generated: StepSamples, kept: int, si
         **{key: train_metrics.get(key) for key in TRAIN_KEYS},
     }
     record.update({key: train_metrics[key] for key in OPTIONAL_TRAIN_KEYS if key in train_metrics})
+    # engine-vs-trainer mismatch (algorithms/rollout_correction.py): every step that trained, whatever the mode
+    record.update({key: value for key, value in train_metrics.items() if key.startswith("mismatch/")})
     record.update(component_means({k: [c[k] for c in generated.components] for k in generated.components[0]}))
     if cfg.reward.functions:
         record.update(function_failure_counts([f.name for f in cfg.reward.functions], generated.function_errors))

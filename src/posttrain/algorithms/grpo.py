@@ -54,11 +54,14 @@ def clipped_policy_loss(
     kl_coef: float = 0.0,
     agg: Literal["token", "sequence", "constant"] = "token",
     agg_constant: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO-style clipped surrogate per token plus kl_coef * k3(pi, ref), aggregated over unmasked tokens.
 
     logprobs, old_logprobs, ref_logprobs, mask: [B, T]; advantages: [B] (one per sequence) or [B, T].
     old_logprobs are the trainer's own before the update (never the engine's: they disagree in low precision).
+    is_weights: optional [B, T] rollout-correction weights (rollout_correction.correction_weights), detached; they
+    multiply the clipped surrogate per token (not the KL term).
     """
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     hi = clip_eps if clip_eps_high is None else clip_eps_high
@@ -66,6 +69,8 @@ def clipped_policy_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + hi) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     policy_loss = aggregate(per_token, mask, agg, agg_constant)
     loss = policy_loss
     if ref_logprobs is not None and kl_coef > 0:

@@ -91,6 +91,28 @@ class TaskConfig(_Section):
         return self
 
 
+class RolloutCorrectionConfig(_Section):
+    """Off-policy correction of the policy loss for the gap between the policy that sampled (the engine, maybe some
+    updates behind) and the one being trained (algorithms/rollout_correction.py, docs/async.md)."""
+
+    mode: Literal["none", "tis", "mis"] = Field(
+        "none", description="none; tis: truncated importance sampling, each token's (or sequence's) loss weighted "
+        "by min(pi_train/pi_rollout, cap); mis: masked importance sampling, tokens (or sequences) whose ratio leaves "
+        "[1/cap, cap] are dropped from the loss, the rest weighted by their ratio.",
+    )
+    level: Literal["token", "sequence"] = Field(
+        "token", description="token: one ratio per token; sequence: one per sample, the product of its tokens'."
+    )
+    cap: float = Field(2.0, description="C above (> 1): the truncation of tis, the band [1/C, C] of mis.")
+
+    @model_validator(mode="after")
+    def _check_cap(self) -> "RolloutCorrectionConfig":
+        if not self.cap > 1:
+            raise ValueError(f"algorithm.rollout_correction.cap={self.cap} must be greater than 1: it bounds the "
+                             "importance ratio pi_train/pi_rollout from above (2 is typical)")
+        return self
+
+
 class AlgorithmConfig(_Section):
     name: Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "dpo"] = Field(
         "grpo",
@@ -134,6 +156,10 @@ class AlgorithmConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig, description="Off-policy correction for rollouts sampled by "
+        "another policy than the one trained (staleness, engine kernels): mode, level, cap.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -160,6 +186,11 @@ class AlgorithmConfig(_Section):
             raise ValueError(
                 f"algorithm.dynamic_sampling_rounds={self.dynamic_sampling_rounds}: dynamic sampling keeps groups "
                 f"with reward variance, which {self.name} does not use; set it to 0"
+            )
+        if self.name == "dpo" and self.rollout_correction.mode != "none":
+            raise ValueError(
+                f"algorithm.rollout_correction.mode={self.rollout_correction.mode} with algorithm.name=dpo: DPO trains "
+                "offline from preference pairs, with no rollout to correct; set algorithm.rollout_correction.mode=none"
             )
         total = self.prompts_per_step * self.group_size
         if total % self.minibatches:
@@ -188,9 +219,12 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(8, gt=0, description="Longest completion sampled (tokens).")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature for rollouts (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling for rollouts.")
+    max_staleness: int = Field(
+        0, ge=0, description="Asynchronous rollout: generation runs up to this many policy updates ahead of "
+        "training (0 = synchronous; 1 = one-step-off). Every trained sample is at most this many updates old.",
+    )
     async_one_step_off: bool = Field(
-        False, description="Generate step t+1's rollout while step t trains (staleness 1: the policy ratio is taken "
-        "against the engine's logprobs of the behaviour policy); needs temperature 1 and top_p 1.",
+        False, description="Same as rollout.max_staleness=1: generate step t+1's rollout while step t trains.",
     )
     engine_threads: int | None = Field(
         None, ge=1, description="CPU threads of each rollout engine (OMP_NUM_THREADS of its actor). None = "
@@ -243,6 +277,17 @@ class RolloutConfig(_Section):
             data = {**data, "num_workers": lo, "num_workers_max": hi}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_step_off_is_staleness_one(cls, data: Any) -> Any:
+        """async_one_step_off: true -> max_staleness: 1 (the older name of the same setting)."""
+        if not isinstance(data, dict) or data.get("async_one_step_off") in (None, False, "false", "False"):
+            return data
+        if data.get("max_staleness") not in (None, 0, 1, "0", "1"):  # 0: the default a dumped config carries
+            raise ValueError(f"rollout.async_one_step_off=true means rollout.max_staleness=1, but max_staleness="
+                             f"{data['max_staleness']} is set too; keep only rollout.max_staleness")
+        return {**data, "max_staleness": 1}
+
     @model_validator(mode="after")
     def _check_max(self) -> "RolloutConfig":
         if self.max_total_tokens is not None and self.max_total_tokens > self.vllm.max_model_len:
@@ -255,12 +300,17 @@ class RolloutConfig(_Section):
         if self.num_workers_max is not None and self.num_workers_max < self.num_workers:
             raise ValueError(f"rollout.num_workers_max={self.num_workers_max} is below rollout.num_workers="
                              f"{self.num_workers} (the fleet's minimum)")
-        if self.elastic and self.async_one_step_off:
+        if self.elastic and self.asynchronous:
             raise ValueError(f"rollout.num_workers={self.num_workers}..{self.num_workers_max} (an elastic fleet) does "
-                             "not combine with rollout.async_one_step_off=true: its background rollout thread uses the "
-                             "fleet while the driver grows and shrinks it; set a fixed rollout.num_workers or "
-                             "rollout.async_one_step_off=false")
+                             "not combine with rollout.async_one_step_off=true (rollout.max_staleness="
+                             f"{self.max_staleness}): its background rollout thread uses the fleet while the driver "
+                             "grows and shrinks it; set a fixed rollout.num_workers or rollout.max_staleness=0")
         return self
+
+    @property
+    def asynchronous(self) -> bool:
+        """Rollout runs ahead of training (rollout.max_staleness >= 1; one_step_off.py)."""
+        return self.max_staleness > 0
 
     @property
     def multi_turn(self) -> bool:

@@ -98,7 +98,7 @@ def create_rollout(cfg: RunConfig, model_dir: str, place):
 
     from posttrain.remote.redo import REDO_ATTEMPTS
     from posttrain.rollout.lora_serving import lora_engine_options
-    from posttrain.rollout.worker import RolloutWorker, engine_threads, rollout_worker_env
+    from posttrain.rollout.worker import RolloutWorker, behaviour_logprobs_mode, engine_threads, rollout_worker_env
 
     v = cfg.rollout.vllm
     engine_kwargs = dict(
@@ -108,6 +108,7 @@ def create_rollout(cfg: RunConfig, model_dir: str, place):
         kv_cache_gb=v.kv_cache_gb,
         gpu_memory_utilization=v.gpu_memory_utilization,
         enforce_eager=v.enforce_eager,
+        logprobs=behaviour_logprobs_mode(cfg),  # sampled: the behaviour policy's, when the loss corrects for it
         **lora_engine_options(cfg),  # model.lora.sync=adapter: the engines serve the adapter
     )
     engine_omp = engine_threads(cfg)

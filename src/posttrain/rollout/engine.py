@@ -8,17 +8,35 @@ Conventions every engine keeps:
   prompts, spec, seeds) give the same completions.
 - `temperature == 0` means greedy decoding (the seed is then irrelevant).
 - A completion's `token_ids` include the EOS token when `finish_reason == "stop"`.
-- Logprobs are raw-model logprobs: log_softmax of the unscaled logits (the temperature-1 distribution, before
-  temperature and top_p), for both `generate` and `completion_logprobs`. They are the behaviour policy's
-  logprobs only when sampling at temperature 1 without top_p; the trainer recomputes its own anyway (DESIGN.md).
+- `completion_logprobs` returns raw-model logprobs, log_softmax of the unscaled logits (the temperature-1
+  distribution, before temperature and top_p), whatever the engine's `logprobs` option.
+- `generate`'s logprobs follow the engine's `logprobs` option (LogprobsKind), one per sampled token:
+  - "raw" (the default): the raw-model logprobs above, the same numbers `completion_logprobs` gives for those tokens.
+    They are the behaviour policy's logprobs only when sampling at temperature 1 without top_p.
+  - "sampled": the logprobs of the distribution the token was actually drawn from: log_softmax of
+    logits / temperature with every token outside the top_p nucleus removed (the nucleus renormalised to 1).
+    That is vLLM's `logprobs_mode="processed_logprobs"`. At temperature 0 (greedy) nothing is sampled and both
+    engines return the raw logprob, as vLLM does (its greedy path takes log_softmax of the unscaled logits), not
+    the 0 of the point mass.
+  The trainer recomputes the current policy's logprobs itself (DESIGN.md); "sampled" ones are the behaviour
+  policy's, for a loss that corrects for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 from posttrain.errors import PosttrainError
+
+
+LogprobsKind = Literal["raw", "sampled"]  # what `generate`'s logprobs are: see the module docstring
+
+
+def check_logprobs_kind(logprobs: str) -> None:
+    """Every engine refuses an unknown `logprobs` option with the same message."""
+    if logprobs not in get_args(LogprobsKind):
+        raise PosttrainError(f"rollout engine: logprobs={logprobs!r} is not one of {', '.join(get_args(LogprobsKind))}")
 
 
 @dataclass
@@ -33,7 +51,8 @@ class SamplingSpec:
 
 @dataclass
 class Completion:
-    """One sampled completion: its tokens, the engine's raw logprob of each (same length), and why it ended."""
+    """One sampled completion: its tokens, the engine's logprob of each (same length; raw or sampled, as the
+    engine's `logprobs` option says), and why it ended."""
 
     token_ids: list[int]
     logprobs: list[float]

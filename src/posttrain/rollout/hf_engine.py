@@ -8,7 +8,8 @@ its seed alone, not on what else is in the batch (up to float rounding). Slow ne
 from __future__ import annotations
 
 from posttrain.errors import PosttrainError
-from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args, check_request_length
+from posttrain.rollout.engine import (Completion, LogprobsKind, SamplingSpec, check_generate_args, check_logprobs_kind,
+                                      check_request_length)
 
 
 def top_p_filter(logits, top_p: float):
@@ -25,12 +26,25 @@ def top_p_filter(logits, top_p: float):
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-class HfEngine:
-    """A `RolloutEngine` on a transformers causal LM on CPU. `max_model_len` is in tokens."""
+def sampling_logits(logits, spec: SamplingSpec):
+    """The logits `generate` samples from: logits / temperature with the tokens outside the top_p nucleus at -inf
+    (their softmax is the renormalised nucleus); None at temperature 0 (greedy)."""
+    if spec.temperature == 0:
+        return None
+    return top_p_filter(logits / spec.temperature, spec.top_p)
 
-    def __init__(self, model_dir: str, *, dtype: str = "float32", max_model_len: int = 128):
+
+class HfEngine:
+    """A `RolloutEngine` on a transformers causal LM on CPU. `max_model_len` is in tokens. `logprobs`: what `generate`
+    returns per sampled token, "raw" or "sampled" (engine.py's docstring; "sampled" agrees with vLLM's
+    processed_logprobs, raw at temperature 0 included)."""
+
+    def __init__(self, model_dir: str, *, dtype: str = "float32", max_model_len: int = 128,
+                 logprobs: LogprobsKind = "raw"):
         from posttrain.models.loading import load_causal_lm
 
+        check_logprobs_kind(logprobs)
+        self.logprobs = logprobs
         self.model, tokenizer = load_causal_lm(model_dir, dtype=dtype, field="rollout.model_dir")
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
@@ -66,10 +80,11 @@ class HfEngine:
                 )
                 past = out.past_key_values
                 logits = at_least_float32(out.logits[:, -1, :])  # [rows, vocab]
-                chosen = self._choose(logits, spec, generators)
-                raw = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None])[:, 0]
+                sampling = sampling_logits(logits, spec)
+                chosen = self._choose(logits, sampling, generators)
+                logprob = self._logprobs_of(logits, sampling, chosen)
                 chosen = torch.where(finished, torch.full_like(chosen, self.pad_id), chosen)
-                tokens[:, t], logprobs[:, t] = chosen, raw
+                tokens[:, t], logprobs[:, t] = chosen, logprob
                 newly_done = (chosen == self.eos_id) & ~finished
                 lengths[newly_done] = t + 1
                 finished |= newly_done
@@ -95,14 +110,22 @@ class HfEngine:
         return results
 
     @staticmethod
-    def _choose(logits, spec: SamplingSpec, generators):
-        """Next token per row: argmax at temperature 0, else a sample from the row's own generator."""
+    def _choose(logits, sampling, generators):
+        """Next token per row: argmax when greedy (`sampling` is None), else a sample from the row's own generator."""
         import torch
 
-        if spec.temperature == 0:
+        if sampling is None:
             return logits.argmax(-1)
-        probs = torch.softmax(top_p_filter(logits / spec.temperature, spec.top_p), dim=-1)
+        probs = torch.softmax(sampling, dim=-1)
         return torch.cat([torch.multinomial(probs[r : r + 1], 1, generator=g)[:, 0] for r, g in enumerate(generators)])
+
+    def _logprobs_of(self, logits, sampling, chosen):
+        """Each row's logprob of its chosen token: raw (log_softmax of `logits`), or in "sampled" mode that of the
+        sampling distribution; greedy steps give the raw one in both modes, as vLLM's processed_logprobs does."""
+        import torch
+
+        source = sampling if self.logprobs == "sampled" and sampling is not None else logits
+        return torch.log_softmax(source, dim=-1).gather(-1, chosen[:, None])[:, 0]
 
     def update_weights(self, payload) -> None:
         import torch

@@ -13,9 +13,18 @@ import os
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import check_model_dir
 from posttrain.models.weights import payload_adapter_config, payload_as_safetensors, payload_count
-from posttrain.rollout.engine import Completion, SamplingSpec, check_generate_args, check_request_length
+from posttrain.rollout.engine import (Completion, LogprobsKind, SamplingSpec, check_generate_args, check_logprobs_kind,
+                                      check_request_length)
 
 EXTENSION = "posttrain.rollout.vllm_sync.WeightSyncExtension"
+# Our `logprobs` option -> vLLM's logprobs_mode. processed_logprobs (vLLM 0.32: vllm/v1/sample/sampler.py and
+# ops/topk_topp_sampler.py): float32 log_softmax of the logits after temperature and top_k/top_p masking (-inf outside
+# the nucleus), i.e. of the renormalised sampling distribution; for an all-greedy batch, of the unscaled logits.
+# Prompt logprobs (completion_logprobs) are log_softmax of the raw logits in either mode (v1/worker/
+# gpu_model_runner.py, _get_prompt_logprobs_dict).
+# The tokens drawn are the same in both modes (on CUDA, processed mode rules out FlashInfer's sampler, which seeded
+# requests do not use anyway).
+VLLM_LOGPROBS_MODE = {"raw": "raw_logprobs", "sampled": "processed_logprobs"}
 
 
 def set_vllm_env(kv_cache_gb: float) -> None:
@@ -31,7 +40,8 @@ def set_vllm_env(kv_cache_gb: float) -> None:
 class VllmEngine:
     """A `RolloutEngine` on one `vllm.LLM`. `max_model_len` is in tokens; see `engines.make_engine` for the rest.
     `max_lora_rank`: serve a LoRA adapter of up to this rank (model.lora.sync=adapter, rollout/lora_serving.py);
-    `update_weights` then takes adapter payloads, and every request runs with the newest adapter."""
+    `update_weights` then takes adapter payloads, and every request runs with the newest adapter.
+    `logprobs`: what `generate` returns per sampled token, "raw" or "sampled" (engine.py's docstring)."""
 
     def __init__(
         self,
@@ -44,7 +54,9 @@ class VllmEngine:
         gpu_memory_utilization: float = 0.3,
         enforce_eager: bool = True,
         max_lora_rank: int | None = None,
+        logprobs: LogprobsKind = "raw",
     ):
+        check_logprobs_kind(logprobs)
         check_model_dir(model_dir, field="rollout.model_dir")
         set_vllm_env(kv_cache_gb)
         from vllm import LLM
@@ -67,8 +79,8 @@ class VllmEngine:
             gpu_memory_utilization=gpu_memory_utilization,  # GPU only; the CPU backend uses the KV-cache env
             enforce_eager=enforce_eager,
             worker_extension_cls=EXTENSION,
-            # Pin the meaning of returned logprobs: log_softmax of raw logits, before temperature/top_p.
-            logprobs_mode="raw_logprobs",
+            # Pin the meaning of returned logprobs: raw (before temperature/top_p) or of the sampled distribution.
+            logprobs_mode=VLLM_LOGPROBS_MODE[logprobs],
             load_format="safetensors",  # never unpickle a .bin beside the safetensors
             # On CPU, a prompt whose prefill is split across scheduler steps (a batch of more prompt tokens than
             # max_num_batched_tokens, 4096) makes vLLM rewind its seeded generator, which the CPU generator cannot

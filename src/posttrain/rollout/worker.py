@@ -35,8 +35,16 @@ def engine_threads(cfg) -> int:
     r = cfg.rollout
     if r.engine_threads is not None:
         return r.engine_threads
-    alone = not r.async_one_step_off and r.num_workers == 1 and r.num_workers_max is None
+    alone = not r.asynchronous and r.num_workers == 1 and r.num_workers_max is None
     return cfg.topology.torch_threads if alone else 1
+
+
+def behaviour_logprobs_mode(cfg) -> str:
+    """Which logprobs the engines return with each sampled token (engine.py): "sampled", those of the distribution
+    actually sampled from (temperature, top_p), whenever the loss uses them as the behaviour policy's (an
+    asynchronous rollout, or algorithm.rollout_correction); else "raw" (the trainer recomputes its own)."""
+    uses_behaviour = cfg.rollout.asynchronous or cfg.algorithm.rollout_correction.mode != "none"
+    return "sampled" if uses_behaviour else "raw"
 
 
 def rollout_worker_env(kv_cache_gb: float, threads: int | None = None) -> dict[str, str]:

@@ -18,6 +18,7 @@ from posttrain.models.loading import load_causal_lm
 from posttrain.remote.faults import maybe_wedge
 from posttrain.remote.stacks import ActorProcess
 from posttrain.algorithms.off_policy import behaviour_logprobs
+from posttrain.algorithms.rollout_correction import correction_weights, mismatch_metrics
 from posttrain.training.accumulation import loss_share, micro_batches, nonempty_rows
 from posttrain.training.batch import PackedBatch, completion_logprobs, pack
 from posttrain.training.trainer_state import TRAINER_STATE, jsonable, load_sharded_optimizer, tuplify
@@ -144,9 +145,11 @@ class Trainer(ActorProcess):
         else:
             trainer_lp, entropy = self._pre_update_logprobs(x.packed)
         old_lp = trainer_lp
-        if self.cfg.rollout.async_one_step_off:  # one rank only (the config refuses it with trainer_ranks > 1)
-            # One step off: the samples came from the previous weights; the ratio is against that behaviour policy,
-            # whose logprobs the engine returned (raw = behaviour at temperature 1, top_p 1, which the config checks).
+        if self.cfg.rollout.asynchronous and a.rollout_correction.mode == "none":
+            # Asynchronous, uncorrected: the samples came from older weights; the ratio is against that behaviour
+            # policy, whose logprobs the engine returned (rollout.worker.behaviour_logprobs_mode: "sampled").
+            # Corrected, the ratio is against the trainer's own (the proximal policy) and importance weights
+            # correct for the behaviour policy (_micro_batch_loss).
             old_lp = behaviour_logprobs(x.engine_lp, x.mask)
         record = (trainer_lp, entropy) if single_pass else None
         mb_size = n // a.minibatches if n >= a.minibatches else n
@@ -167,10 +170,19 @@ class Trainer(ActorProcess):
                 "trained_tokens": tokens,
                 "train_compute_s": time.perf_counter() - t0,
                 "lr": x.lr,
+                **self._correction_metrics(trainer_lp, x),
                 **self._extra_metrics(),
             }
         )
         return metrics
+
+    def _correction_metrics(self, trainer_lp: torch.Tensor, x: StepInputs) -> dict:
+        """Engine-vs-trainer mismatch of the batch's pre-update logprobs, and the share of tokens the configured
+        correction capped or dropped."""
+        c = self.cfg.algorithm.rollout_correction
+        out = mismatch_metrics(trainer_lp, x.engine_lp, x.mask)
+        corrected = correction_weights(trainer_lp, x.engine_lp, x.mask, mode=c.mode, level=c.level, cap=c.cap)
+        return {**out, "mismatch/capped_share": corrected.capped_share, "mismatch/masked_share": corrected.masked_share}
 
     def _pre_update_logprobs(self, packed: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """[N, T] logprobs and entropies of the whole batch with the current weights, no gradients, in micro-batches
@@ -224,10 +236,14 @@ class Trainer(ActorProcess):
         else:  # single pass: this pass gives the pre-update logprobs (old_lp reads them) and the entropy
             lp, ent = completion_logprobs(self.model, sub, temp, with_entropy=True)
             record[0][rows], record[1][rows] = lp.detach(), ent
+        weights, c = None, a.rollout_correction
+        if c.mode != "none":  # old_lp holds the trainer's pre-update logprobs (train_step); dropped tokens weigh 0
+            weights = correction_weights(old_lp[rows], x.engine_lp[rows], sub.completion_mask, mode=c.mode,
+                                         level=c.level, cap=c.cap).weights
         return clipped_policy_loss(
             lp, old_lp[rows], x.advantages[rows], sub.completion_mask, clip_eps=a.clip_eps,
             clip_eps_high=a.clip_eps_high, ref_logprobs=x.ref[rows] if x.ref is not None else None,
-            kl_coef=x.kl_loss_coef, agg=a.loss_agg, agg_constant=x.agg_constant,
+            kl_coef=x.kl_loss_coef, agg=a.loss_agg, agg_constant=x.agg_constant, is_weights=weights,
         )
 
     # ------------------------------------------------------------------ the hooks ShardedTrainer overrides

@@ -1,0 +1,120 @@
+"""Asynchronous rollout and off-policy correction on the real-model workload (examples/real-model: SmolLM2-135M-
+Instruct learns single-digit additions, GRPO on vLLM): each mode of rollout.max_staleness (and partial rollouts),
+with and without algorithm.rollout_correction, on the same config, steps and seeds. Per run: wall seconds of the
+steps, the mean step, the held-out curve (the run's own eval of the `correct` reward, every eval.every steps), the
+first step whose held-out score is 10 points above the start and the step seconds spent until then, and the mismatch
+metrics (k3 KL, perplexity ratio, share capped or masked) and staleness averaged over the steps.
+
+    python benchmarks/async_modes.py [--steps 10] [--seeds 0 1 2] [--modes sync k1 k2 k2_tis ...]
+
+Needs `posttrain model import smollm2 runs/smollm2` and `python examples/real-model/make_data.py` first (the example's
+run.sh does both). Writes benchmarks/results/async_modes.json; docs/async.md's table is made from it (--table).
+Runs go one after another in child processes (`posttrain train`), in the order the modes are given, rotated each
+seed so that drift on a shared machine falls on every mode alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import log_to, machine, md_table, median, read_json, round_order, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "real-model" / "config.yaml"
+RESULTS = Path(__file__).resolve().parent / "results" / "async_modes.json"
+log = log_to("async")
+
+TIS = ["algorithm.rollout_correction.mode=tis"]
+MIS = ["algorithm.rollout_correction.mode=mis"]
+MODES = {
+    "sync": [], "sync_tis": TIS,
+    "k1": ["rollout.max_staleness=1"], "k1_tis": ["rollout.max_staleness=1", *TIS],
+    "k2": ["rollout.max_staleness=2"], "k2_tis": ["rollout.max_staleness=2", *TIS],
+    "k2_mis": ["rollout.max_staleness=2", *MIS],
+    "k2_partial": ["rollout.max_staleness=2", "rollout.partial_rollouts=true"],
+    "k2_partial_tis": ["rollout.max_staleness=2", "rollout.partial_rollouts=true", *TIS],
+}
+
+
+def run_mode(mode: str, seed: int, steps: int) -> dict:
+    name = f"bench-async-{mode}-s{seed}"
+    overrides = [f"name={name}", f"seed={seed}", f"train.steps={steps}", "eval.every=5", "checkpoint.every=0",
+                 "logging.progress=false", *MODES[mode]]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", str(CONFIG), *overrides], cwd=ROOT,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"mode": mode, "seed": seed, "error": proc.stderr[-2000:], "exit": proc.returncode}
+    records = [json.loads(line) for line in (ROOT / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+    return {"mode": mode, "seed": seed, "wall_s": wall, **summarize(records)}
+
+
+def summarize(records: list[dict]) -> dict:
+    steps = [r for r in records if "time/step" in r]
+    curve = {str(r["step"]): r["eval/score"] for r in records if "eval/score" in r}  # str keys, as JSON keeps them
+    start = curve.get("0")
+    elapsed, to_gain, gain_step = 0.0, None, None
+    for r in steps:
+        elapsed += r["time/step"]
+        if gain_step is None and start is not None and curve.get(str(r["step"]), -1) >= start + 0.10:
+            gain_step, to_gain = r["step"], elapsed
+
+    def mean_of(key):
+        values = [r[key] for r in steps if r.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    return {"steps_s": sum(r["time/step"] for r in steps), "step_s_mean": mean_of("time/step"),
+            "generate_exposed_s_mean": mean_of("time/generate"), "train_s_mean": mean_of("time/train"),
+            "heldout": curve, "gain_step": gain_step, "step_s_to_gain": to_gain,
+            **{k.split("/")[-1]: mean_of(k) for k in ("mismatch/k3_kl", "mismatch/ppl_ratio", "mismatch/capped_share",
+                                                      "mismatch/masked_share", "rollout/staleness")}}
+
+
+def table(results: dict) -> str:
+    rows = []
+    for mode in MODES:
+        runs = [r for r in results["runs"] if r["mode"] == mode and "error" not in r]
+        if not runs:
+            continue
+        last = [r["heldout"][max(r["heldout"], key=int)] for r in runs]
+        first = [r["heldout"].get("0") for r in runs]
+        rows.append([mode, len(runs), f"{median(r['step_s_mean'] for r in runs):.1f}",
+                     f"{median(r['steps_s'] for r in runs):.0f}",
+                     " / ".join(f"{a:.3f} -> {b:.3f}" for a, b in zip(first, last)),
+                     " / ".join(str(r["step_s_to_gain"] and round(r["step_s_to_gain"])) for r in runs),
+                     f"{median(r['k3_kl'] for r in runs):.2e}", f"{median(r['staleness'] for r in runs) or 0:.2f}",
+                     f"{median(r['capped_share'] for r in runs) or 0:.3f} / {median(r['masked_share'] for r in runs) or 0:.3f}"])
+    return md_table(["mode", "seeds", "step s (median)", "steps s", "held-out start -> end (per seed)",
+                     "step s to +10 points (per seed)", "k3 KL", "staleness", "capped / masked"], rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--table", action="store_true", help="print the docs table from the results file and exit")
+    args = p.parse_args()
+    if args.table:
+        print(table(read_json(RESULTS)))
+        return
+    results = read_json(RESULTS, default={"runs": []})
+    results["machine"] = machine("vllm", "torch")
+    for seed in args.seeds:
+        for mode in round_order(args.modes, seed):
+            log(f"{mode} seed {seed} ...")
+            got = run_mode(mode, seed, args.steps)
+            log(json.dumps({k: v for k, v in got.items() if k != "heldout"}))
+            results["runs"] = [r for r in results["runs"] if (r["mode"], r["seed"]) != (mode, seed)] + [got]
+            write_json(RESULTS, results)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
