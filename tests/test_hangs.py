@@ -210,3 +210,16 @@ def test_wedged_engine_and_reward_call_are_detected_dumped_restarted_and_redone(
         assert body["fields"]["kind"] == r["call"] and body["fields"]["role"] == r["role"]
         assert body["fields"]["elapsed_s"] >= body["fields"]["bound_s"] >= 4
     print(f"hangs: {[(r['call'], r['step'], r['recovery_s']) for r in hangs]}; run wall {wall:.1f} s")
+
+
+def test_interrupted_generate_calls_teach_the_watchdog_no_bound():
+    # Partial rollouts cut generate calls short whenever new weights arrive: were their durations kept, a full generate
+    # later (the trainer waiting on it) would look like 5x the median of cut calls and be killed as hung. They are
+    # kept for every other kind: three 1 s generate calls make generate's bound max(min, 5 x 1 s).
+    cfg = load_config(None, ["ops.hang_min_seconds=2", "ops.hang_factor=5", "ops.hang_cold_seconds=120"])
+    wd = Watchdog(cfg, lambda: {})
+    for _ in range(3):
+        wd._returned("generate", "rollout0", 1.0)
+        wd._returned("generate_interruptible", "rollout0", 1.0)
+    assert wd.bound("generate", "rollout0") == (5.0, 1.0)
+    assert wd.bound("generate_interruptible", "rollout0") == (120.0, None)  # always the cold bound

@@ -17,6 +17,10 @@ The loss takes its ratio against the engine's logprobs of the behaviour policy, 
 (algorithms/rollout_correction.py). The last step syncs right after training, so the final eval and checkpoint see
 the trained weights.
 
+With `rollout.partial_rollouts`, the main thread also interrupts the engines as soon as it publishes new weights:
+the rollout thread loads them and the cut samples resume under them (rollout/partial.py), so each token records
+the version that sampled it, and the batch's version (for the staleness check) is its oldest token's.
+
 The rollout thread uses the rollout and reward actors; the main thread meanwhile the reference and trainer actors.
 Held-out evals every k steps queue behind the batch in flight and see the engines' weights, a few updates behind.
 """
@@ -33,7 +37,9 @@ from posttrain.algorithms.off_policy import staleness
 from posttrain.config import RunConfig
 from posttrain.errors import PosttrainError
 from posttrain.rollout.fleet import sync_weights
+from posttrain.rollout.partial import PartialRollout, version_range
 from posttrain.rollout.sampler import Cursor, PromptSampler
+from posttrain.rollout.single_turn import rollout_single_turn
 from posttrain.step import TIME_KEYS, finish_step, rollout_and_score, signal_groups
 
 
@@ -93,7 +99,25 @@ class OneStepOffRollout:
         self._queue.append(_InFlight(step, future, self.sampler.cursor, times, time.perf_counter()))
 
     def _sync_then_rollout(self, step: int, roles, problems, times: dict):
-        """In the rollout thread: the newest exported weights into the idle engines, then one batch."""
+        """In the rollout thread: the newest exported weights into the idle engines, then one batch. Returns it with
+        the policy version that generated it (with partial rollouts, that of its oldest token)."""
+        start = self._load_newest(roles, times)
+        if not self.cfg.rollout.partial_rollouts:
+            return rollout_and_score(self.cfg, step, roles, self.encoder, problems, 0, times), start
+
+        def before_resume() -> int:
+            t = time.perf_counter()
+            version = self._load_newest(roles, times)
+            times["generate"] -= time.perf_counter() - t  # counted as sync, not as generation
+            return version
+
+        generated = rollout_single_turn(self.cfg, step, roles, self.encoder, problems, 0, times,
+                                        PartialRollout(start, before_resume))
+        return generated, version_range(generated.token_versions, start)[0]
+
+    def _load_newest(self, roles, times: dict) -> int:
+        """In the rollout thread, with the engines idle: the newest exported weights into them if they hold older
+        ones; returns the version they hold."""
         with self._lock:
             version, exported = self._newest
         if version > self._engine_version:
@@ -101,8 +125,7 @@ class OneStepOffRollout:
             sync_weights(roles, exported)
             times["sync"] += time.perf_counter() - t
             self._engine_version = version
-        generated = rollout_and_score(self.cfg, step, roles, self.encoder, problems, 0, times)
-        return generated, self._engine_version
+        return self._engine_version
 
     def run_step(self, step: int, roles) -> tuple[dict, dict]:
         t_start = time.perf_counter()
@@ -132,8 +155,11 @@ class OneStepOffRollout:
             if not last:  # the trainer exports now, while the engines generate; the rollout thread loads it next
                 with self._lock:
                     self._newest = (self.trainer_version, roles.trainer.export_arrays.remote())
+                if self.cfg.rollout.partial_rollouts:  # cut the batch in flight: it resumes under these weights
+                    for worker in roles.rollout:
+                        worker.interrupt.remote()
         return self._metrics(record, batch, generated, lag, version, len(self._queue)), \
-            {**samples, "policy_version": version, "trained_at_version": trained_at}
+            {**samples, "policy_version": version, "trained_at_version": trained_at, **_token_versions(generated)}
 
     @staticmethod
     def _metrics(record: dict, batch: _InFlight, generated, lag: int, version: int, in_flight: int) -> dict:
@@ -141,7 +167,11 @@ class OneStepOffRollout:
         record["time/other"] = max(0.0, record["time/step"] - sum(record[f"time/{k}"] for k in TIME_KEYS))
         record["tokens_per_s"] = gen_tokens / max(batch.times["generate"], 1e-9)
         record["rollout/staleness"] = lag
-        record["rollout/behaviour_version"] = version
+        record["rollout/behaviour_version"] = version  # with partial rollouts, the oldest token's
+        if generated.token_versions:
+            newest = version_range(generated.token_versions, version)[1]
+            record["rollout/behaviour_version_spread"] = newest - version
+            record["rollout/resumed_share"] = sum(len(set(v)) > 1 for v in generated.token_versions) / len(generated)
         record["rollout/in_flight"] = in_flight
         record["time/rollout_generate"] = batch.times["generate"]  # in the background thread
         record["time/rollout_reward"] = batch.times["reward"]
@@ -156,6 +186,13 @@ class OneStepOffRollout:
             except Exception:  # noqa: BLE001 - the run is ending (or failing) for another reason already
                 pass
         self._pool.shutdown(wait=True)
+
+
+def _token_versions(generated) -> dict:
+    """For the samples log, with partial rollouts: each sample's [oldest, newest] token policy version."""
+    if not generated.token_versions:
+        return {}
+    return {"token_versions": [[min(v), max(v)] if v else [] for v in generated.token_versions]}
 
 
 def _no_sync(roles) -> None:

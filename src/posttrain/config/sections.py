@@ -226,6 +226,12 @@ class RolloutConfig(_Section):
     async_one_step_off: bool = Field(
         False, description="Same as rollout.max_staleness=1: generate step t+1's rollout while step t trains.",
     )
+    partial_rollouts: bool = Field(
+        False, description="Asynchronous rollout only (vllm engine, single-turn): when the trainer publishes new "
+        "weights mid-generation, the unfinished completions are cut, the weights loaded, and generation resumes from "
+        "the tokens already sampled under the new policy, so a long completion does not hold a step back. Each token "
+        "records its policy version; the oldest one in a batch bounds its staleness.",
+    )
     engine_threads: int | None = Field(
         None, ge=1, description="CPU threads of each rollout engine (OMP_NUM_THREADS of its actor). None = "
         "topology.torch_threads when generation runs alone (synchronous rollout, one fixed worker: the trainer "
@@ -305,7 +311,26 @@ class RolloutConfig(_Section):
                              "not combine with rollout.async_one_step_off=true (rollout.max_staleness="
                              f"{self.max_staleness}): its background rollout thread uses the fleet while the driver "
                              "grows and shrinks it; set a fixed rollout.num_workers or rollout.max_staleness=0")
+        self._check_partial_rollouts()
         return self
+
+    def _check_partial_rollouts(self) -> None:
+        """partial_rollouts needs weights that arrive mid-generation, an engine that can stop, one turn per sample."""
+        if not self.partial_rollouts:
+            return
+        why = None
+        if not self.asynchronous:
+            why = ("needs asynchronous rollout, but rollout.max_staleness=0: a synchronous rollout never gets new "
+                   "weights mid-generation, so there is nothing to interrupt; set rollout.max_staleness=1 or more, or "
+                   "rollout.partial_rollouts=false")
+        elif self.engine == "hf":
+            why = ("does not combine with rollout.engine=hf: the transformers engine cannot abort a generate call "
+                   "midway; use rollout.engine=vllm or set rollout.partial_rollouts=false")
+        elif self.multi_turn:
+            why = ("does not combine with multi-turn episodes (rollout.environment or rollout.tools set): an episode "
+                   "cannot resume mid-turn yet; set rollout.partial_rollouts=false")
+        if why:
+            raise ValueError(f"rollout.partial_rollouts=true {why}")
 
     @property
     def asynchronous(self) -> bool:

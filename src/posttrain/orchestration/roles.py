@@ -112,11 +112,14 @@ def create_rollout(cfg: RunConfig, model_dir: str, place):
         **lora_engine_options(cfg),  # model.lora.sync=adapter: the engines serve the adapter
     )
     engine_omp = engine_threads(cfg)
+    # partial rollouts: a threaded actor, so that interrupt() reaches the engine while generate runs (the worker
+    # still lets one call at a time into the engine)
+    threaded = {"max_concurrency": 2} if cfg.rollout.partial_rollouts else {}
 
     def rollout_worker(**options):
         return (ray.remote(RolloutWorker)
                 .options(runtime_env={"env_vars": rollout_worker_env(v.kv_cache_gb, engine_omp)}, max_task_retries=0,
-                         **options)
+                         **threaded, **options)
                 .remote(cfg.rollout.engine, model_dir, engine_kwargs))
 
     rollout = [rollout_worker(**place(f"rollout{i}", max_restarts=REDO_ATTEMPTS))

@@ -11,6 +11,10 @@ driver call looks from outside; everyone else returns at once. Points: "generate
     POSTTRAIN_FAULTS_DIR=/tmp/faults posttrain train cfg.yaml &     # Ray actors inherit the variable (runtime.py)
     touch /tmp/faults/wedge-generate                                 # the next generate call wedges
 
+A second hook slows generation down instead: `<dir>/slow-engine-step` holding a number of seconds makes every
+engine step of an interruptible generate (partial rollouts, rollout/vllm_engine.py) sleep that long, so a test can
+count on new weights arriving mid-generation.
+
 Reading one environment variable per call is the whole cost when it is unset."""
 
 from __future__ import annotations
@@ -45,3 +49,15 @@ def arm(faults_dir: str | Path, point: str) -> Path:
     tmp.write_text("")
     os.replace(tmp, path)  # appears whole: a caller never sees a half-made trigger
     return path
+
+
+def engine_step_delay() -> float:
+    """Seconds each engine step of an interruptible generate sleeps: the number in
+    `<POSTTRAIN_FAULTS_DIR>/slow-engine-step`, 0 when the variable or the file is not there."""
+    root = os.environ.get(ENV)
+    if not root:
+        return 0.0
+    try:
+        return float(Path(root, "slow-engine-step").read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0.0

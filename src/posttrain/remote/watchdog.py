@@ -34,6 +34,9 @@ from posttrain.tracking.interruptions import record_interruption
 
 RECENT = 20      # durations kept per (kind, role): the median follows a run whose steps slow down or speed up
 COLD_CALLS = 3   # fewer measured durations than this: the bound is ops.hang_cold_seconds
+# Kinds whose duration says nothing about the next call's: a partial rollout's generate returns when new weights cut
+# it (rollout/partial.py), so its durations are never kept and it is always judged by the cold bound.
+UNTIMED = ("generate_interruptible",)
 STATEFUL = ("trainer", "critic", "evaluator")  # a restart loses their state: the run re-forms from a checkpoint
 START_ASK_S = 60.0  # every role answers process() at the start; on a loaded machine a fresh actor takes seconds
 
@@ -159,7 +162,7 @@ class Watchdog:
     def _returned(self, kind: str, role: str, seconds: float) -> None:
         with self._lock:
             hang = self._recovering.pop(role, None)
-            if hang is None:
+            if hang is None and kind not in UNTIMED:
                 self._durations[(kind, role_family(role))].append(seconds)
         if hang is not None:
             self._recovered(hang)

@@ -41,12 +41,16 @@ def check_logprobs_kind(logprobs: str) -> None:
 
 @dataclass
 class SamplingSpec:
-    """How to sample: `n` completions per prompt, each at most `max_new_tokens` tokens."""
+    """How to sample: `n` completions per prompt, each at most `max_new_tokens` tokens. `interruptible`: the
+    engine's `interrupt()` may cut this call short (partial rollouts, rollout/partial.py): the completions not yet
+    finished then come back with finish_reason "aborted" and the tokens sampled so far. Engines without
+    `interrupt()` (HfEngine) ignore it."""
 
     n: int = 1
     max_new_tokens: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
+    interruptible: bool = False
 
 
 @dataclass
@@ -56,7 +60,7 @@ class Completion:
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (EOS, included in token_ids) | "length" (hit max_new_tokens)
+    finish_reason: str  # "stop" (EOS, included in token_ids) | "length" (hit max_new_tokens) | "aborted" (interrupted)
 
 
 class RolloutEngine(Protocol):

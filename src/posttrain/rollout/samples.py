@@ -21,6 +21,8 @@ class StepSamples:
     # Multi-turn episodes (rollout/episodes.py) only; both stay empty for single-turn rollouts.
     loss_masks: list[list[int]] = field(default_factory=list)    # per completion token: 1 sampled, 0 environment/tool
     episodes: list[dict] = field(default_factory=list)           # Episode.record(): turns, end reason, tool calls
+    # Partial rollouts (rollout/partial.py) only: per completion token, the policy version that sampled it.
+    token_versions: list[list[int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.sample_ids)

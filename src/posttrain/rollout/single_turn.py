@@ -11,6 +11,7 @@ from posttrain.models.loading import PromptEncoder
 from posttrain.rewards.scoring import score_batch
 from posttrain.rollout.engine import SamplingSpec
 from posttrain.rollout.fleet import generate_on_workers, rollout_resync
+from posttrain.rollout.partial import PartialRollout, generate_resumable
 from posttrain.rollout.sampler import sample_seed
 from posttrain.rollout.samples import StepSamples
 from posttrain.tasks import Problem
@@ -22,15 +23,23 @@ def sampling_spec(cfg: RunConfig, n: int) -> SamplingSpec:
 
 
 def rollout_single_turn(cfg: RunConfig, step: int, roles, encoder: PromptEncoder, problems: list[Problem],
-                        first_index: int, times: dict) -> StepSamples:
+                        first_index: int, times: dict, partial: PartialRollout | None = None) -> StepSamples:
     """Samples group_size completions for each problem and scores them; `first_index` numbers the problems within
-    the step (for their sampling seeds) when a step rolls out more than once. Adds to times["generate"/"reward"]."""
+    the step (for their sampling seeds) when a step rolls out more than once. Adds to times["generate"/"reward"].
+    `partial` (partial rollouts, rollout/partial.py): interrupted samples resume under the newest weights, and
+    `token_versions` records each token's policy version."""
     n = cfg.algorithm.group_size
     prompts = [encoder.encode(p.prompt) for p in problems]
     seeds = [sample_seed(cfg.seed, step, first_index + i) for i in range(len(problems))]
+
+    def generate(prompts, spec, seeds):  # a cut call's duration is no hang bound: remote/watchdog.py UNTIMED
+        return generate_on_workers(roles.rollout, prompts, spec, seeds, rollout_resync(roles), watchdog=roles.watchdog,
+                                   kind="generate" if partial is None else "generate_interruptible")
+
     t = time.perf_counter()
-    groups = generate_on_workers(roles.rollout, prompts, sampling_spec(cfg, n), seeds, rollout_resync(roles),
-                                 watchdog=roles.watchdog)
+    spec = sampling_spec(cfg, n)
+    groups = generate(prompts, spec, seeds) if partial is None else \
+        generate_resumable(generate, prompts, spec, seeds, partial)
     times["generate"] += time.perf_counter() - t
 
     # Flatten group by group; a sample's id is (step, prompt_id, sample_index).
@@ -43,6 +52,8 @@ def rollout_single_turn(cfg: RunConfig, step: int, roles, encoder: PromptEncoder
             out.prompts.append(ids)
             out.completions.append(list(c.token_ids))
             out.engine_logprobs.append(list(c.logprobs))
+            if partial is not None:
+                out.token_versions.append(list(c.versions))
             out.items.append((p.id, p.prompt, p.answer, encoder.decode_completion(c.token_ids)))
     score_samples(cfg, roles, out, problems, step, times)
     return out

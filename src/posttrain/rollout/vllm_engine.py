@@ -7,8 +7,11 @@ needs the script that builds it to be import-safe (`if __name__ == "__main__":`)
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import threading
+import time
 
 from posttrain.errors import PosttrainError
 from posttrain.models.loading import check_model_dir
@@ -90,24 +93,16 @@ class VllmEngine:
             **lora,
         )
         self.adapter = ServedAdapter(self.llm) if lora else None
+        self._interrupt = threading.Event()  # set by interrupt(), from another thread
+        self._request_ids = itertools.count()
+        self.step_hook = None  # tests: called with the engine-step count after each step of an interruptible call
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
-        from vllm import SamplingParams
-
         check_generate_args(prompts, spec, seeds)
         check_request_length(max(len(p) for p in prompts) + spec.max_new_tokens, self.max_model_len)
-        params = [
-            SamplingParams(
-                n=spec.n,
-                max_tokens=spec.max_new_tokens,
-                temperature=spec.temperature,
-                top_p=spec.top_p,
-                seed=seed,
-                logprobs=0,  # 0 extra candidates: only the sampled token's logprob
-                detokenize=False,
-            )
-            for seed in seeds
-        ]
+        if spec.interruptible:
+            return self._generate_interruptible(prompts, spec, seeds)
+        params = [self._params(spec, seed, spec.n) for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False,
                                     lora_request=self._lora_request())
         results = []
@@ -122,6 +117,73 @@ class VllmEngine:
         logprobs = [step[token].logprob for token, step in zip(ids, output.logprobs)]
         reason = "stop" if output.finish_reason == "stop" else "length"
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+    @staticmethod
+    def _params(spec: SamplingSpec, seed: int, n: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=n,
+            max_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            seed=seed,
+            logprobs=0,  # 0 extra candidates: only the sampled token's logprob
+            detokenize=False,
+        )
+
+    def interrupt(self) -> None:
+        """Cuts the interruptible `generate` now running short after its current engine step; called from another
+        thread (a threaded rollout worker actor). A plain `generate` ignores it, and one that arrives between calls
+        is dropped (each interruptible call starts clean)."""
+        self._interrupt.set()
+
+    def _generate_interruptible(self, prompts, spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
+        """`generate` driven one engine step at a time, checking `interrupt()` between steps. Each sample is its own
+        n=1 request with seed seeds[i] + j, which is how vLLM seeds the children of an n > 1 request
+        (v1/engine/parallel_sampling.py), so an uninterrupted call returns what the plain path does. On an
+        interrupt, the unfinished requests are aborted and come back "aborted" with the tokens sampled so far."""
+        from vllm.sampling_params import RequestOutputKind
+
+        self._interrupt.clear()  # an interrupt meant for an earlier call (that ended first) does not cut this one
+        engine, slots = self.llm.llm_engine, {}
+        done = [[Completion([], [], "aborted") for _ in range(spec.n)] for _ in prompts]
+        try:
+            for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+                for j in range(spec.n):
+                    params = self._params(spec, seed + j, 1)
+                    params.output_kind = RequestOutputKind.DELTA  # the new tokens of each step
+                    rid = f"posttrain-{next(self._request_ids)}"
+                    engine.add_request(rid, {"prompt_token_ids": list(prompt)}, params,
+                                       lora_request=self._lora_request())
+                    slots[rid] = done[i][j]
+            self._run_steps(engine, slots)
+        finally:
+            unfinished = [rid for rid, c in slots.items() if c.finish_reason == "aborted"]
+            if unfinished:
+                engine.abort_request(unfinished)
+        return done
+
+    def _run_steps(self, engine, slots: dict) -> None:
+        """Steps the engine until every request in `slots` finishes or `interrupt()` is set, appending each step's
+        new tokens and logprobs to the request's Completion (finish_reason stays "aborted" until it finishes)."""
+        from posttrain.remote.faults import engine_step_delay
+
+        delay, steps = engine_step_delay(), 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                c, o = slots[out.request_id], out.outputs[0]
+                c.token_ids.extend(o.token_ids)
+                c.logprobs.extend(step[token].logprob for token, step in zip(o.token_ids, o.logprobs))
+                if out.finished:
+                    c.finish_reason = "stop" if o.finish_reason == "stop" else "length"
+            steps += 1
+            if self.step_hook is not None:
+                self.step_hook(steps)
+            if delay:
+                time.sleep(delay)  # a test's slow engine (remote/faults.py)
+            if self._interrupt.is_set():
+                return
 
     def _lora_request(self):
         return self.adapter.request if self.adapter is not None else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 
 from posttrain.remote.faults import maybe_wedge
@@ -64,24 +65,38 @@ def rollout_worker_env(kv_cache_gb: float, threads: int | None = None) -> dict[s
 
 
 class RolloutWorker(ActorProcess):
-    """Owns one engine (`engine_kind` "vllm" or "hf") on `model_dir`; `engine_kwargs` go to `make_engine`."""
+    """Owns one engine (`engine_kind` "vllm" or "hf") on `model_dir`; `engine_kwargs` go to `make_engine`.
+
+    With partial rollouts the actor is threaded (Ray max_concurrency=2, orchestration/roles.py) so that
+    `interrupt()` runs while `generate` does; the engine itself takes one call at a time (a lock), whatever the
+    actor's concurrency."""
 
     def __init__(self, engine_kind: str, model_dir: str, engine_kwargs: dict | None = None):
         self.engine = make_engine(engine_kind, model_dir, **(engine_kwargs or {}))
+        self._engine_lock = threading.Lock()
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, seeds: list[int]) -> list[list[Completion]]:
         maybe_wedge("generate")  # a recovery test's hang (remote/faults.py); nothing otherwise
-        return self.engine.generate(prompts, spec, seeds)
+        with self._engine_lock:
+            return self.engine.generate(prompts, spec, seeds)
+
+    def interrupt(self) -> None:
+        """Cuts the interruptible generate now running short (partial rollouts: rollout/partial.py); its unfinished
+        completions come back "aborted". Never waits for the engine."""
+        if hasattr(self.engine, "interrupt"):
+            self.engine.interrupt()
 
     def update_weights(self, payload) -> float:
         """Loads new weights in place from safetensors bytes or an array payload (models/weights.py); returns
         the seconds it took inside this process."""
         start = time.perf_counter()
-        self.engine.update_weights(payload)
+        with self._engine_lock:
+            self.engine.update_weights(payload)
         return time.perf_counter() - start
 
     def completion_logprobs(self, prompt: list[int], completion: list[int]) -> list[float]:
-        return self.engine.completion_logprobs(prompt, completion)
+        with self._engine_lock:
+            return self.engine.completion_logprobs(prompt, completion)
 
     def pid(self) -> int:
         return os.getpid()
