@@ -148,6 +148,6 @@ def test_asynchronous_grpo_with_correction_raises_its_reward(mode, ray_session, 
     gain, z = window_gain_z(row["reward_curve"], K)
     metrics = [m for m in read_metrics(tmp_path / "grpo") if "time/step" in m]
     print(f"\ngrpo {mode}: gain {gain:+.3f}, z {z:.1f}; staleness {[m['rollout/staleness'] for m in metrics]}; "
-          f"masked {[round(m['mismatch/masked_share'], 3) for m in metrics]}; curve {row['reward_curve']}")
+          f"masked {[round(m.get('mismatch/masked_share', 0.0), 3) for m in metrics]}; curve {row['reward_curve']}")
     assert z > Z_MIN and gain > 0.02, row
     assert max(m["rollout/staleness"] for m in metrics) <= 2
