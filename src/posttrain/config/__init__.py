@@ -3,6 +3,7 @@ that name the key, the value and what is allowed. Every caller imports it from h
 
     sections.py  the sections and RunConfig          io.py      reading, overrides, validation, the reference table
     lora.py      model.lora / rm.lora                reward.py  reward sections (and the reward SOURCES)
+    rollout.py   rollout.* (engines, sampling, asynchrony, multi-turn)
     ops.py       ops.notify                          base.py    the base class of every section
 """
 
@@ -18,6 +19,7 @@ from posttrain.config.io import (
 from posttrain.config.lora import FIELD as LORA_FIELD, AdapterConfig, LoraConfig
 from posttrain.config.ops import EVENTS, NotifyTarget, OpsConfig
 from posttrain.config.reward import JudgeConfig, RewardConfig, RewardFunctionConfig
+from posttrain.config.rollout import RolloutConfig, VllmConfig
 from posttrain.config.sections import (
     AlarmRule,
     AlarmsConfig,
@@ -29,13 +31,11 @@ from posttrain.config.sections import (
     ModelConfig,
     RayConfig,
     RMConfig,
-    RolloutConfig,
     RunConfig,
     SFTConfig,
     TaskConfig,
     TopologyConfig,
     TrainConfig,
-    VllmConfig,
 )
 
 __all__ = [
