@@ -1,8 +1,8 @@
 """Run inside a private network namespace (`unshare -rn`, only `lo` up) by test_cluster_integration.py: starts a
 2-node Ray cluster on 127.0.0.1 (two `ray start --block` raylets, each declaring 2 logical GPUs; the machine has no
 physical ones), places stand-in actors through the plan -> placement-group code create_roles uses, submits a real
-`posttrain train` job through `posttrain launch --target ray`'s submission path, records what happened as JSON and
-stops the processes it started (never `ray stop`, which would reach other users' Ray processes).
+`posttrain train` job through `posttrain launch --target ray`'s submission path, runs scaleout_checks.py's sharded
+run on the same cluster (before the submission), records what happened as JSON and stops the processes it started (never `ray stop`, which would reach other users' Ray processes).
 
     python tests/topology/cluster_checks.py OUT.json MODEL_DIR WORK_DIR"""
 
@@ -176,6 +176,9 @@ def main() -> None:
                                      f"topology.cluster=2x{GPUS_PER_NODE}xH100-80GB", "rollout.num_workers=2",
                                      "algorithm.kl_coef=0.02"])
             result[mode] = place(cfg)
+        from scaleout_checks import run as train_scaled_out  # test_scaleout_cluster's run: one cluster start for both
+
+        result["scaleout"] = train_scaled_out(model_dir, work)
         ray.shutdown()
         result["submission"] = submit(model_dir, work)
     except Exception as e:  # noqa: BLE001 -- reported to the test, which fails on it

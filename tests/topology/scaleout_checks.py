@@ -1,5 +1,5 @@
-"""Run inside a private network namespace (`unshare -rn`, only `lo` up) by test_scaleout_cluster.py: starts the
-2-node loopback Ray cluster of cluster_checks.py, runs `posttrain.loop.train` on it with 2 sharded trainer ranks and
+"""Run inside a private network namespace (`unshare -rn`, only `lo` up): `run` is called by cluster_checks.py on
+its 2-node loopback Ray cluster (test_scaleout_cluster.py reads its facts); `main` starts that cluster alone. It runs `posttrain.loop.train` on it with 2 sharded trainer ranks and
 2 rollout engines laid out by the colocated plan on 2 nodes x 2 logical GPUs, and records the plan's slots, where
 each actor ran (Ray's state API: node id per actor) and the run's summary as JSON.
 

@@ -5,27 +5,21 @@ a real `posttrain train` job that finishes and writes its summary.
 
 Why a namespace: with multi-node Ray enabled, Ray rewrites 127.0.0.1 to the machine's interface address; inside
 `unshare -rn` with only `lo` up its address lookup falls back to 127.0.0.1, so nothing leaves loopback and no other
-Ray cluster on the machine can be reached. tests/topology/cluster_checks.py runs there once for the module (the
-shared cluster), records what happened, and stops only the processes it started; the assertions are here."""
+Ray cluster on the machine can be reached. tests/topology/cluster_checks.py runs there once for the session (the
+shared cluster, conftest.py), records what happened, and stops only the processes it started; the assertions are here."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
-HERE = Path(__file__).parent
 GPUS_PER_NODE = 2
 
 
 @pytest.fixture(scope="module")
-def cluster_facts(tmp_path_factory, tiny_model_dir) -> dict:
-    from cluster_checks import run_in_namespace
-
-    work = tmp_path_factory.mktemp("cluster")
-    return run_in_namespace(HERE / "cluster_checks.py", work / "facts.json", tiny_model_dir, work)
+def cluster_facts(two_node_cluster_facts) -> dict:
+    return two_node_cluster_facts
 
 
 def _check_landing(facts: dict) -> None:

@@ -11,15 +11,10 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-HERE = Path(__file__).parent
-
 
 @pytest.fixture(scope="module")
-def facts(tmp_path_factory, tiny_model_dir) -> dict:
-    from cluster_checks import run_in_namespace
-
-    work = tmp_path_factory.mktemp("scaleout-cluster")
-    return run_in_namespace(HERE / "scaleout_checks.py", work / "facts.json", tiny_model_dir, work)
+def facts(two_node_cluster_facts) -> dict:
+    return two_node_cluster_facts["scaleout"]  # run by cluster_checks.py on the shared cluster (conftest.py)
 
 
 def test_two_ranks_and_two_engines_complete_on_two_nodes(facts):
