@@ -246,7 +246,12 @@ def preflight(cfg: RunConfig) -> Prepared:
     check_vocab(cfg.model.path, tokenizer)
     encoder = PromptEncoder(tokenizer, cfg.model.chat_template)
     episodes = None
-    if cfg.rollout.multi_turn:  # environment, tools and chat template
+    if cfg.rollout.agent is not None:  # the agent's command and the endpoint's port (docs/agents.md)
+        from posttrain.rollout.agent_episodes import AgentEpisodeRunner
+
+        episodes = AgentEpisodeRunner(cfg, tokenizer, cfg.model.path)
+        encoder = episodes.prompt_encoder()
+    elif cfg.rollout.multi_turn:  # environment, tools and chat template
         from posttrain.rollout.episodes import EpisodeRunner
 
         episodes = EpisodeRunner(cfg, tokenizer, cfg.model.path)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from posttrain.config.agent import AgentConfig
 from posttrain.config.base import _Section
 
 
@@ -54,6 +55,13 @@ class RolloutConfig(_Section):
         "package.module:Class (protocol in rollout/environment.py); None = the built-in chat environment (the row's "
         "prompt, then tool calls until the policy answers without one).",
     )
+    environment_interface: Literal["auto", "posttrain", "gymnasium"] = Field(
+        "auto", description="Multi-turn: the protocol of rollout.environment's class. posttrain: reset(row) -> "
+        "messages, step(state, assistant_message) -> (messages, reward, done). gymnasium: a Gymnasium-style text "
+        "environment, reset(seed=, options={'row': row}) -> (observation, info), step(text) -> (observation, reward, "
+        "terminated, truncated, info), adapted by rollout/gym_adapter.py (the seed is a hash of the row's id). auto: "
+        "gymnasium for a subclass of gymnasium.Env, else posttrain.",
+    )
     tools: list[str] = Field(
         default_factory=list, description="Tools the policy may call, each path/to/file.py:function (type hints and "
         "a docstring make its JSON schema, given to the chat template as `tools`); calls run in the sandbox.",
@@ -71,6 +79,10 @@ class RolloutConfig(_Section):
     tool_memory_mb: int = Field(512, gt=0, description="Address-space limit of the sandboxed tool process (MB).")
     environment_timeout_seconds: float = Field(
         30.0, gt=0, description="Limit of one environment call (reset or step) for a turn's episodes together.",
+    )
+    agent: AgentConfig | None = Field(
+        None, description="Agent rollouts (docs/agents.md): {command, concurrency, timeout_seconds, reward, port}: "
+        "an agent program drives each episode through an OpenAI-compatible endpoint on 127.0.0.1; None = off.",
     )
 
     @model_validator(mode="before")

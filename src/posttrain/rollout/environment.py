@@ -38,6 +38,10 @@ the child is killed and restarted, and every episode of that call ends with reas
 episode whose method raised. Returning something that breaks the contract above stops the run with an error
 naming your file, class and method. Without `rollout.environment` the built-in chat environment is used: the row's
 prompt as the first message, and the episode ends when the policy answers without a tool call.
+
+A Gymnasium-style text environment (`reset(seed, options) -> (observation, info)`, `step(text) -> (observation,
+reward, terminated, truncated, info)`) runs through the adapter of rollout/gym_adapter.py
+(`rollout.environment_interface`: auto picks it for a subclass of gymnasium.Env).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import numbers
 from dataclasses import dataclass
 
 from posttrain.errors import PosttrainError
+from posttrain.rollout.gym_adapter import GymContractError, episode_factory
 from posttrain.usercode import file_sha256, load
 
 
@@ -73,11 +78,13 @@ class EnvironmentSource:
     file: str
     sha256: str
     name: str   # the class's name
+    interface: str = "posttrain"   # the protocol it runs under: posttrain, or gymnasium (rollout/gym_adapter.py)
 
 
-def check_environment(spec: str, field: str = "rollout.environment") -> EnvironmentSource:
+def check_environment(spec: str, field: str = "rollout.environment", interface: str = "auto") -> EnvironmentSource:
     """At start: the class `spec` names must exist, have `reset` and `step` methods, and take no constructor
-    arguments; else PosttrainError naming `field`, the file and the class."""
+    arguments; else PosttrainError naming `field`, the file and the class. `interface`: rollout.environment_interface
+    (a Gymnasium class's reset and step must also take what the adapter passes them)."""
     sym = load(spec, field)
     where = f"{field}: {sym.file}:{sym.name}"
     if not inspect.isclass(sym.obj):
@@ -97,7 +104,8 @@ def check_environment(spec: str, field: str = "rollout.environment") -> Environm
                              "parameter a default, or read settings from the row in reset") from None
     except ValueError:
         pass  # no readable signature (a C-implemented base): found out at the first reset
-    return EnvironmentSource(spec, str(sym.file), file_sha256(sym.file), sym.name)
+    interface, _ = episode_factory(sym.obj, interface, f"{sym.file}:{sym.name}")
+    return EnvironmentSource(spec, str(sym.file), file_sha256(sym.file), sym.name, interface)
 
 
 class ChatEnvironment:
@@ -198,6 +206,8 @@ class Episodes:
                 return "error", (f"{self.where}: episode {episode_id!r} has no instance (never reset, or its "
                                  "process was restarted after another call timed out)")
             return "ok", instance.step(item[1], item[2])
+        except GymContractError as e:  # a Gymnasium-style return the adapter cannot map
+            return "contract", str(e)
         except Exception as e:  # noqa: BLE001 — the user's method may raise anything
             return "error", _raised(self.where, method, e)
 
@@ -214,22 +224,26 @@ def _plain(value):
     return [dict(m) for m in value]
 
 
-def _episodes_handler(spec: str, field: str):
-    """In the child: the user's class loaded again by its spec. A load that fails now (the file changed since the
-    start check) answers every request with that error, which the parent raises."""
+def _episodes_handler(spec: str, field: str, interface: str = "auto"):
+    """In the child: the user's class loaded again by its spec (behind the Gymnasium adapter if it runs under that
+    interface). A load that fails now (the file changed since the start check) answers every request with that
+    error, which the parent raises."""
     try:
         sym = load(spec, field)
+        _, make = episode_factory(sym.obj, interface, f"{sym.file}:{sym.name}")
     except PosttrainError as e:
         text = str(e)
         return lambda request: ("load", text)
-    return Episodes(sym.obj, f"{sym.file}:{sym.name}")
+    return Episodes(make, f"{sym.file}:{sym.name}")
 
 
 class EnvironmentHost:
     """The driver's side (rollout/episodes.py). `spec`: the user's class (run in a child process), or None for the built-in chat
-    environment (run in this process). `timeout_s`: the limit of one call, for all of its episodes together."""
+    environment (run in this process). `timeout_s`: the limit of one call, for all of its episodes together.
+    `interface`: rollout.environment_interface (auto, posttrain, gymnasium)."""
 
-    def __init__(self, spec: str | None, timeout_s: float, field: str = "rollout.environment"):
+    def __init__(self, spec: str | None, timeout_s: float, field: str = "rollout.environment",
+                 interface: str = "auto"):
         self.spec, self.timeout_s = spec, timeout_s
         self.child = None
         if spec is None:
@@ -238,7 +252,8 @@ class EnvironmentHost:
             from posttrain.rewards.child_process import ChildProcess
 
             self._local = None
-            self.child = ChildProcess(functools.partial(_episodes_handler, spec, field), "posttrain-environment")
+            self.child = ChildProcess(functools.partial(_episodes_handler, spec, field, interface),
+                                      "posttrain-environment")
 
     def reset(self, items: list[tuple[str, dict]]) -> list[list[dict] | EnvFailure]:
         """items: (episode_id, row) -> the first messages of each episode, or its failure."""

@@ -66,12 +66,13 @@ class EpisodeRunner:
         self.cfg = cfg
         self.tokenizer = tokenizer
         # the user's code first (its errors name the file), then whether the model's chat template can carry it
-        self.environment = check_environment(r.environment) if r.environment else None
+        self.environment = (check_environment(r.environment, interface=r.environment_interface)
+                            if r.environment else None)
         self.tools = check_tools(r.tools) if r.tools else []
         if self.tools:
             check_tool_template(tokenizer, model_dir)
         self.renderer = ChatRenderer(tokenizer, [t.schema for t in self.tools], model_dir)
-        self.env = EnvironmentHost(r.environment, r.environment_timeout_seconds)
+        self.env = EnvironmentHost(r.environment, r.environment_timeout_seconds, interface=r.environment_interface)
         self.tool_runner = ToolRunner(self.tools, r.tool_timeout_seconds, r.tool_memory_mb) if self.tools else None
         self.stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
 
