@@ -11,11 +11,15 @@ every request it serves; agents are real subprocesses:
 - an agent that crashes, one that hangs past the timeout (killed within it + a margin), one without a reward: each
   ends with its reason, none blocks the others;
 - what the endpoint refuses (an unknown or ended key, streaming, no messages, a reward that is not a number).
-Bad input: an agent command not found, a port in use: exit 2 with one message each."""
+Bad input: an agent command not found, a port in use: exit 2 with one message each. And the product path:
+`posttrain train` with `rollout.agent` in a subprocess, on Ray."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -234,3 +238,36 @@ def test_a_port_in_use_is_one_message(tmp_path, model):
                                                      f"rollout.agent={{command: 'bash agent.sh', port: {port}}}"))
     assert result.exit_code == 2, result.output
     assert f"rollout.agent.port={port}" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.integration
+def test_posttrain_train_trains_on_agent_episodes(tmp_path, model):
+    """`posttrain train` with rollout.agent (the openai agent), 2 GRPO steps on Ray with the hf engine: exit 0, every
+    sample an agent episode that completed with the agent's reward, trained every step (groups without signal kept),
+    and the trainer's logprobs of the trained rows equal the engine's: the rows are the ids the engine saw and
+    sampled (a row of other ids would be nats away, tests/test_multiturn_tokens.py)."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "agent", "runs_dir": str(tmp_path / "runs"), "model": {"path": model[0]},
+        "task": {"name": "tool_arithmetic", "train_size": 200, "heldout_size": 4},
+        "rollout": {"engine": "hf", "num_workers": 1, "max_new_tokens": 40, "max_total_tokens": 192,
+                    "vllm": {"max_model_len": 192},
+                    "agent": {"command": OPENAI_AGENT, "concurrency": 2, "timeout_seconds": 120}},
+        "algorithm": {"prompts_per_step": 2, "group_size": 2, "skip_zero_variance_groups": False},
+        "train": {"steps": 2}, "eval": {"every": 0}, "checkpoint": {"every": 0},
+        "reward": {"weights": {"environment": 1.0}}, "logging": {"progress": False},
+    }))
+    done = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", str(cfg)], capture_output=True, text=True,
+                          timeout=900, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "runs" / "agent"
+    records = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and all(len(r["samples"]) == 4 for r in records)
+    episodes = [ep for r in records for ep in r["episodes"].values()]
+    assert len(episodes) == 8 and all(ep["end_reason"] == "completed" for ep in episodes), episodes
+    assert all(ep["agent"]["calls"] >= 1 and ep["agent"]["reward"] in (0.0, 1.0) for ep in episodes)
+    steps = [m for m in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()) if "time/step" in m]
+    assert [m["episode/end/completed"] for m in steps] == [1.0, 1.0]
+    gaps = [(m["loss"], m["logprob_gap_max"]) for m in steps]  # (None, None): a step that trained nothing
+    assert all(loss is not None and gap < LOGPROB_TOL for loss, gap in gaps), gaps
+
