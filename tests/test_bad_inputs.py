@@ -102,6 +102,17 @@ def _fake_rm(tmp: Path, model: str) -> str:
 
 
 MULTITURN = Path(__file__).parent / "fixtures" / "multiturn"
+_LISTENING: list = []  # sockets held open for the rest of the session: their ports are in use
+
+
+def _taken_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    _LISTENING.append(s)
+    return s.getsockname()[1]
 
 
 def _chatml_without_tools(d: Path) -> None:
@@ -456,6 +467,17 @@ CASES = [
     Case("env-not-class", "an environment that is a function, not a class",
          lambda t, m: _good(t, m, f"rollout.environment={MULTITURN / 'envs.py'}:not_a_class"),
          "not_a_class is a function, not a class"),
+    Case("gym-env-wrong-step", "a gymnasium.Env subclass whose step has posttrain's signature, not step(action)",
+         lambda t, m: _good(t, m, f"rollout.environment={MULTITURN / 'gym_envs.py'}:PosttrainStyleStep"),
+         "PosttrainStyleStep.step(state, assistant_message) cannot be called as step(action)"),
+    # agents (docs/agents.md): caught at start, before Ray
+    Case("agent-not-found", "an agent command whose program is not found",
+         lambda t, m: _good(t, m, "rollout.agent={command: no-such-agent-xyz --episode}"),
+         "'no-such-agent-xyz' is not found on PATH"),
+    Case("agent-port-in-use", "an agent endpoint port that another process listens on",
+         lambda t, m: _good(t, _model_variant(t, m, _chatml_without_tools),
+                            f"rollout.agent={{command: 'bash agent.sh', port: {_taken_port()}}}"),
+         "cannot listen"),
     Case("tool-no-hints", "a tool whose parameter has no type hint",
          lambda t, m: _good(t, m, f"rollout.tools=[{MULTITURN / 'bad_tools.py'}:no_hints]"),
          "parameter 'query' has no type hint"),
