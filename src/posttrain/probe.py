@@ -139,8 +139,9 @@ def _prepare(cfg: RunConfig):
     from posttrain.tasks import load_task
     from posttrain.tasks.base import answer_needed
 
-    if cfg.rollout.multi_turn:
-        raise PosttrainError("probe: multi-turn runs (rollout.environment / rollout.tools) are not probed yet",
+    if cfg.rollout.multi_turn or cfg.rollout.agent is not None:
+        raise PosttrainError("probe: multi-turn and agent runs (rollout.environment / rollout.tools / rollout.agent) "
+                             "are not probed yet",
                              hint="probe the single-turn form of the task, or start a short run with --quiet")
     task = load_task(cfg.task, cfg.seed, need_answer=answer_needed(cfg.reward.weights))
     check_model_dir(cfg.model.path)

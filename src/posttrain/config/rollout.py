@@ -147,9 +147,9 @@ class RolloutConfig(_Section):
         elif self.engine == "hf":
             why = ("does not combine with rollout.engine=hf: the transformers engine cannot abort a generate call "
                    "midway; use rollout.engine=vllm or set rollout.partial_rollouts=false")
-        elif self.multi_turn:
-            why = ("does not combine with multi-turn episodes (rollout.environment or rollout.tools set): an episode "
-                   "cannot resume mid-turn yet; set rollout.partial_rollouts=false")
+        elif self.multi_turn or self.agent is not None:
+            why = ("does not combine with multi-turn or agent episodes (rollout.environment, rollout.tools or "
+                   "rollout.agent set): an episode cannot resume mid-turn yet; set rollout.partial_rollouts=false")
         if why:
             raise ValueError(f"rollout.partial_rollouts=true {why}")
 
