@@ -135,6 +135,14 @@ def _shrink_vocab(d: Path) -> None:
     (d / "config.json").write_text(json.dumps(cfg))
 
 
+def _swap_two_ids(d: Path) -> None:
+    """The same vocabulary with the ids of '0' and '1' swapped: a tokenizer that is not the student's."""
+    tok = json.loads((d / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["0"], vocab["1"] = vocab["1"], vocab["0"]
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+
+
 def _as_bin(d: Path) -> None:
     (d / "model.safetensors").rename(d / "pytorch_model.bin")
 
@@ -311,6 +319,9 @@ CASES = [
          "has no tokenizer"),
     Case("vocab-mismatch", "tokenizer larger than the model's vocabulary",
          lambda t, m: _good(t, _model_variant(t, m, _shrink_vocab)), "the model's vocab_size is 8"),
+    Case("teacher-tokenizer-differs", "an opd teacher whose tokenizer differs from the student's",
+         lambda t, m: _good(t, m, "algorithm.name=opd", f"distill.teacher={_model_variant(t, m, _swap_two_ids)}"),
+         "distill.teacher: the tokenizer in"),
     # --- the dataset / task
     Case("task-unknown", "unknown task name", lambda t, m: _good(t, m, "task.name=chess"), "task.name: unknown task 'chess'"),
     Case("jsonl-no-path", "jsonl task without a path", lambda t, m: _good(t, m, "task.name=jsonl"),
@@ -440,7 +451,7 @@ CASES = [
          "(`rollout.environment` or `rollout.tools`)",
          lambda t, m: _good(t, m, "rollout.partial_rollouts=true", "rollout.max_staleness=1",
                             f"rollout.environment={t / 'env.py'}:Env"),
-         "rollout.partial_rollouts=true does not combine with multi-turn episodes"),
+         "rollout.partial_rollouts=true does not combine with multi-turn or agent episodes"),
     Case("hang-factor", "`ops.hang_factor` of 1 or less",
          lambda t, m: _good(t, m, "ops.hang_factor=1"), "ops.hang_factor=1.0: must be > 1"),
     Case("review-prompts-missing", "`review new` with a prompts file that does not exist",

@@ -19,6 +19,7 @@ from posttrain.evals.in_loop import InLoopEval
 from posttrain.evals.no_signal import NoLearningSignal, NoSignalWatch
 from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
 from posttrain.models.lora import check_lora_targets
+from posttrain.models.tokenizer_match import check_teacher
 from posttrain.one_step_off import OneStepOffRollout
 from posttrain.orchestration.reform import (NodeWatch, Reform, create_roles_or_wait, node_left, reformed,
                                             roles_lost)
@@ -244,6 +245,8 @@ def preflight(cfg: RunConfig) -> Prepared:
     functions = check_functions(cfg.reward.functions, getattr(task, "columns", ()))  # user code, imported here
     tokenizer = load_tokenizer(cfg.model.path)
     check_vocab(cfg.model.path, tokenizer)
+    if cfg.distill.teacher:  # opd: the teacher scores the student's ids, so the tokenizers must agree
+        check_teacher(cfg.model.path, tokenizer, cfg.distill.teacher)
     encoder = PromptEncoder(tokenizer, cfg.model.chat_template)
     episodes = None
     if cfg.rollout.agent is not None:  # the agent's command and the endpoint's port (docs/agents.md)

@@ -10,6 +10,7 @@ import torch
 
 from posttrain.algorithms.advantages import compute_advantages, sampled_token_budget, shape_rewards, uses_groups
 from posttrain.algorithms.dapo import fill_groups
+from posttrain.algorithms.distill import mean_reverse_kl
 from posttrain.algorithms.grpo import nonzero_variance_groups
 from posttrain.config import RunConfig
 from posttrain.models.loading import PromptEncoder
@@ -54,6 +55,8 @@ def signal_groups(cfg: RunConfig, samples: StepSamples) -> list[bool]:
 def signal_share(cfg: RunConfig, samples: StepSamples) -> float:
     """Share of the step's groups whose shaped rewards differ (for algorithms without groups: 1.0 when any two
     rewards of the batch differ), whatever algorithm.skip_zero_variance_groups says: the zero-signal alarm's input."""
+    if cfg.algorithm.name == "opd":  # the teacher's per-token reverse KL is a signal whatever the rewards are
+        return 1.0
     rewards = shaped_rewards(cfg, samples)
     if not uses_groups(cfg.algorithm):
         return float(len(rewards) > 1 and float(rewards.max() - rewards.min()) > 0)
@@ -98,16 +101,21 @@ def train_and_sync(cfg: RunConfig, step: int, roles, train_set: StepSamples, tim
     """Reference logprobs, advantages, the policy (and critic) update and `sync(roles)` on the kept samples; the
     trainer's numbers. Adds the seconds of each phase to `times`."""
     k_prompts, k_comps = train_set.prompts, train_set.completions
-    ref_lp, call = None, None
+    ref_lp, teacher_lp, calls = None, None, []
     if roles.reference is not None:
-        call = (roles.reference.logprobs.remote(k_prompts, k_comps), "reference", "reference")
+        calls.append((roles.reference.logprobs.remote(k_prompts, k_comps), "reference", "reference"))
     elif cfg.model.lora is not None and cfg.algorithm.kl_coef > 0:  # LoRA: the trainer's base model, adapters off
-        call = (roles.trainer.reference_logprobs.remote(k_prompts, k_comps), "reference", "trainer")
-    if call is not None:
+        calls.append((roles.trainer.reference_logprobs.remote(k_prompts, k_comps), "reference", "trainer"))
+    teacher = getattr(roles, "teacher", None)
+    if teacher is not None:  # opd: the teacher scores the same samples, at the same time as the reference
+        calls.append((teacher.logprobs.remote(k_prompts, k_comps), "reference", "teacher"))
+    if calls:
         t = time.perf_counter()
-        ref_lp = watched_get(roles.watchdog, [call])[0]
+        got = watched_get(roles.watchdog, calls)
+        teacher_lp = got.pop() if teacher is not None else None
+        ref_lp = got[0] if got else None
         times["reference"] = time.perf_counter() - t
-    adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp)
+    adv, token_stats = step_advantages(cfg, roles, train_set, ref_lp, teacher_lp)
     batch = TrainBatch(
         prompts=k_prompts, completions=k_comps, advantages=adv, engine_logprobs=train_set.engine_logprobs,
         ref_logprobs=ref_lp, loss_masks=train_set.loss_masks or None, sample_ids=train_set.sample_ids, step=step,
@@ -130,9 +138,10 @@ def train_and_sync(cfg: RunConfig, step: int, roles, train_set: StepSamples, tim
     return train_metrics
 
 
-def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp) -> tuple[list, dict]:
+def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp, teacher_lp=None) -> tuple[list, dict]:
     """Advantages for the training samples through algorithms.advantages, one per sample or one per token, and the
-    extra per-step numbers: the KL when it is part of the reward, PPO's critic values and returns."""
+    extra per-step numbers: the KL when it is part of the reward, PPO's critic values and returns, and (opd, with
+    the teacher's logprobs `teacher_lp`) the mean per-token reverse KL to the teacher, distill/reverse_kl."""
     from posttrain.training.trainer import pad_rows
 
     a = cfg.algorithm
@@ -152,7 +161,11 @@ def step_advantages(cfg: RunConfig, roles, batch: StepSamples, ref_lp) -> tuple[
         call = roles.critic.values.remote(batch.prompts, batch.completions, batch.loss_masks or None)
         stats["values"] = watched_get(roles.watchdog, [(call, "values", "critic")])[0]
         values = pad_rows(stats["values"], T)
-    out = compute_advantages(a, rewards, mask=mask, logprobs=logprobs, ref_logprobs=ref, values=values)
+    teacher = pad_rows(teacher_lp, T) if teacher_lp is not None else None
+    out = compute_advantages(a, rewards, mask=mask, logprobs=logprobs, ref_logprobs=ref, values=values,
+                             teacher_logprobs=teacher, distill=cfg.distill)
+    if teacher is not None:
+        stats["distill/reverse_kl"] = mean_reverse_kl(logprobs, teacher, mask)
     if ref is not None:
         stats["kl"] = float(((logprobs - ref) * mask).sum() / mask.sum())
     if out.returns is not None:

@@ -15,7 +15,7 @@ from posttrain.rollout.samples import StepSamples
 TIME_KEYS = ("generate", "reward", "reference", "train", "sync")
 # Trainer numbers every record carries (None when the step trained nothing), and those only some algorithms give.
 TRAIN_KEYS = ("entropy", "clip_fraction", "loss", "grad_norm", "lr", "logprob_gap_mean", "logprob_gap_max")
-OPTIONAL_TRAIN_KEYS = ("value_loss", "value_clip_fraction", "shaped_reward_mean")
+OPTIONAL_TRAIN_KEYS = ("value_loss", "value_clip_fraction", "shaped_reward_mean", "distill/reverse_kl")
 
 
 def generated_tokens(generated: StepSamples) -> int:

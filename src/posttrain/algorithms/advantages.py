@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from posttrain.algorithms.dapo import overlong_buffer_tokens, overlong_penalty
+from posttrain.algorithms.distill import distill_advantages
 from posttrain.algorithms.grpo import group_advantages
 from posttrain.algorithms.ppo import gae, whiten
 from posttrain.config.algorithm_presets import GROUP_ALGORITHMS, KL_IN_REWARD
@@ -58,9 +59,12 @@ def compute_advantages(
     logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
+    teacher_logprobs: torch.Tensor | None = None,
+    distill=None,
 ) -> Advantages:
     """rewards [B] laid out group by group (group_size samples per prompt); mask/logprobs/ref_logprobs/values [B, T]
-    are needed only by the per-token algorithms (reinforce_pp, ppo)."""
+    are needed only by the per-token algorithms (reinforce_pp, ppo); opd needs teacher_logprobs [B, T] and the
+    run's `distill` section (coef, reward_coef)."""
     name = acfg.name
     if name in ("grpo", "dr_grpo", "dapo"):
         return Advantages(group_advantages(rewards, acfg.group_size, scale=acfg.scale_rewards))
@@ -76,4 +80,9 @@ def compute_advantages(
         token_rewards = kl_shaped_token_rewards(rewards, mask, logprobs, ref_logprobs, acfg.kl_coef)
         adv, returns = gae(token_rewards, values, mask, acfg.gamma, acfg.gae_lambda)
         return Advantages(whiten(adv, mask), returns)
+    if name == "opd":
+        if logprobs is None or teacher_logprobs is None or distill is None:
+            raise ValueError("opd needs the student's logprobs, the teacher's and the distill section")
+        return Advantages(distill_advantages(rewards, mask, logprobs, teacher_logprobs, distill.coef,
+                                             distill.reward_coef, acfg.group_size, acfg.scale_rewards))
     raise ValueError(f"algorithm {name!r} has no online advantage (dpo trains offline: `posttrain dpo`)")

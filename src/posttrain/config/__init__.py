@@ -5,6 +5,7 @@ that name the key, the value and what is allowed. Every caller imports it from h
     lora.py      model.lora / rm.lora                reward.py  reward sections (and the reward SOURCES)
     rollout.py   rollout.* (engines, sampling, asynchrony, multi-turn)
     ops.py       ops.notify                          base.py    the base class of every section
+    distill.py   distill (opd's teacher)
 """
 
 from posttrain.config.io import (

@@ -3,7 +3,7 @@ the config can fill a preset before validation: a key the user sets explicitly a
 
 from __future__ import annotations
 
-ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "dpo")
+ALGORITHMS = ("grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "dpo", "opd")
 
 # Algorithms whose baseline comes from the other samples of the same prompt: they need group_size >= 2, and a group
 # whose rewards are all equal carries no signal (its advantages are all 0), so it may be dropped.
@@ -26,6 +26,9 @@ PRESETS: dict[str, dict] = {
     "reinforce_pp": {"skip_zero_variance_groups": False},
     "ppo": {"skip_zero_variance_groups": False},
     "dpo": {},
+    # On-policy distillation (algorithms/distill.py): the teacher's per-token reverse KL is the advantage, so no
+    # reference KL on top (the teacher plays that part) and every group trains (the signal is per token, not a spread).
+    "opd": {"skip_zero_variance_groups": False, "kl_coef": 0.0},
 }
 
 

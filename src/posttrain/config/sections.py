@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from posttrain.config.base import _Section
+from posttrain.config.distill import DistillConfig
 from posttrain.config.lora import AdapterConfig, LoraConfig
 from posttrain.config.ops import OpsConfig
 from posttrain.config.reward import RewardConfig
@@ -115,10 +116,11 @@ class RolloutCorrectionConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "dpo"] = Field(
+    name: Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo", "dpo", "opd"] = Field(
         "grpo",
         description="The algorithm; each name presets the knobs below that the config leaves unset (see "
-        "docs/algorithms.md). dpo trains offline from preference pairs (`posttrain dpo`).",
+        "docs/algorithms.md). dpo trains offline from preference pairs (`posttrain dpo`); opd distils the teacher named "
+        "in the distill section on the student's own samples.",
     )
     group_size: int = Field(8, le=1024, description="Completions sampled per prompt (GRPO's group); at most 1024, each with a sampling seed of its own.")
     prompts_per_step: int = Field(32, gt=0, description="Prompts per step; the batch is prompts_per_step*group_size samples.")
@@ -438,6 +440,7 @@ class RunConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     rm: RMConfig = Field(default_factory=lambda: RMConfig())
+    distill: DistillConfig = Field(default_factory=DistillConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -451,6 +454,25 @@ class RunConfig(_Section):
         if self.model.dtype == "float64" and self.rollout.engine == "vllm":
             raise ValueError("model.dtype=float64 with rollout.engine=vllm: vLLM has no float64 kernels; float64 is "
                              "for numerics checks: set rollout.engine=hf, or model.dtype=float32")
+        return self
+
+    @model_validator(mode="after")
+    def _check_distill(self) -> "RunConfig":
+        d, name = self.distill, self.algorithm.name
+        if name == "opd" and not d.teacher:
+            raise ValueError("algorithm.name=opd needs distill.teacher: set it to the teacher model's directory (a "
+                             "local HF causal LM with the student's tokenizer)")
+        if name != "opd" and d.teacher:
+            raise ValueError(f"distill.teacher={d.teacher} with algorithm.name={name}: only opd uses a teacher; set "
+                             "algorithm.name=opd, or remove distill.teacher")
+        if name == "opd" and self.rollout.temperature not in (0.0, 1.0):
+            raise ValueError(f"algorithm.name=opd with rollout.temperature={self.rollout.temperature}: the reverse KL "
+                             "compares the engine's raw (temperature-1) logprobs with the teacher's, which are taken "
+                             "at the sampling temperature; set rollout.temperature=1.0")
+        if name == "opd" and d.reward_coef > 0 and self.algorithm.group_size < 2:
+            raise ValueError(f"distill.reward_coef={d.reward_coef} with algorithm.group_size="
+                             f"{self.algorithm.group_size}: the reward's group advantage needs at least 2 samples "
+                             "per prompt; set algorithm.group_size to 2 or more, or distill.reward_coef=0")
         return self
 
     def fingerprint(self, keys: tuple[str, ...] = ("model", "task", "algorithm", "seed")) -> str:

@@ -24,6 +24,7 @@ class Roles:
     evaluator: Any | None = None     # CheckpointEvaluator (evals/in_loop.py), when eval.suites is set
     watchdog: Any | None = None      # remote/watchdog.py: remote calls past their bound are hangs
     episodes: Any | None = None      # rollout/episodes.EpisodeRunner (in the driver), for multi-turn runs
+    teacher: Any | None = None       # opd: a ReferenceModel on distill.teacher, scoring the student's samples
 
 
 def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.0) -> Roles:
@@ -51,6 +52,10 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
         # fixed weights from model.path, so a restarted reference is the same function: Ray retries its calls
         reference = ray.remote(ReferenceModel).options(**place("reference", runtime_env=threads, max_restarts=3,
                                                                max_task_retries=3)).remote(cfg_dict, model_dir)
+    teacher = None
+    if "teacher" in index:  # opd: the reference's class on the teacher's weights (fixed too, so retried the same)
+        teacher = ray.remote(ReferenceModel).options(**place("teacher", runtime_env=threads, max_restarts=3,
+                                                             max_task_retries=3)).remote(cfg_dict, cfg.distill.teacher)
     if "critic" in index:
         from posttrain.training.critic import Critic
 
@@ -71,7 +76,7 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
     if "evaluator" in index:
         evaluator = create_evaluator(cfg, place)
     roles = Roles(trainer=trainer, rollout=rollout, reward=reward, reference=reference, placement_group=pgs,
-                  critic=critic, reward_model=reward_model, judge=judge, evaluator=evaluator)
+                  critic=critic, reward_model=reward_model, judge=judge, evaluator=evaluator, teacher=teacher)
     wait_until_started(roles)
     return roles
 
@@ -157,6 +162,7 @@ def wait_until_started(roles: Roles) -> None:
     try:
         ray.get([roles.trainer.ping.remote(), roles.reward.score.remote([])] + [w.pid.remote() for w in roles.rollout]
                 + ([roles.reference.logprobs.remote([], [])] if roles.reference is not None else [])
+                + ([roles.teacher.logprobs.remote([], [])] if roles.teacher is not None else [])
                 + ([roles.critic.ping.remote()] if roles.critic is not None else [])
                 + ([roles.reward_model.score.remote([])] if roles.reward_model is not None else [])
                 + ([roles.evaluator.ping.remote()] if roles.evaluator is not None else []))
@@ -181,7 +187,8 @@ def role_actors(roles: Roles) -> dict[str, Any]:
     trainers = getattr(roles.trainer, "ranks", [roles.trainer])  # a TrainerGroup's ranks, or the one trainer
     named = {"trainer" + (str(r) if r else ""): a for r, a in enumerate(trainers)}
     named.update((f"rollout{i}", w) for i, w in enumerate(roles.rollout))
-    named.update((n, getattr(roles, n)) for n in ("reward", "reference", "critic", "reward_model", "evaluator"))
+    named.update((n, getattr(roles, n)) for n in ("reward", "reference", "teacher", "critic", "reward_model",
+                                                  "evaluator"))
     return {n: a for n, a in named.items() if a is not None}
 
 
@@ -201,8 +208,8 @@ def destroy_roles(roles: Roles) -> None:
         roles.judge.close()
     trainers = getattr(roles.trainer, "ranks", [roles.trainer])  # a TrainerGroup's actors, or the one trainer
     starting = [w for w, _, _ in roles.rollout.starting] if isinstance(roles.rollout, ElasticFleet) else []
-    for actor in [*trainers, roles.reward, roles.reference, roles.critic, roles.reward_model, roles.evaluator,
-                  *roles.rollout, *starting]:
+    for actor in [*trainers, roles.reward, roles.reference, roles.teacher, roles.critic, roles.reward_model,
+                  roles.evaluator, *roles.rollout, *starting]:
         if actor is not None:
             ray.kill(actor)
     release(roles.placement_group if isinstance(roles.placement_group, list) else [roles.placement_group])

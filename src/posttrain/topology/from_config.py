@@ -75,6 +75,7 @@ def plan_inputs(cfg: RunConfig, cluster: str | None = None, policy_config: str |
         reference=cfg.algorithm.kl_coef > 0,
         reward=read_model_shape(t.reward_model) if t.reward_model else None,
         critic=read_model_shape(t.critic_model) if t.critic_model else None,
+        teacher=read_model_shape(cfg.distill.teacher) if cfg.distill.teacher else None,
         checkpointing=t.activation_checkpointing,
         usd_per_device_hour=price if price is not None else device_price(c, price_file),
     )
@@ -102,6 +103,7 @@ def plan_document(inp: PlanInputs, plans: list[LayoutPlan], chosen: LayoutPlan |
         "policy": {**asdict(inp.policy), "params": inp.policy.params},
         "reward": {**asdict(inp.reward), "params": inp.reward.params} if inp.reward else None,
         "critic": {**asdict(inp.critic), "params": inp.critic.params} if inp.critic else None,
+        "teacher": {**asdict(inp.teacher), "params": inp.teacher.params} if inp.teacher else None,
         "workload": asdict(inp.workload),
         "dtype": inp.dtype,
         "reference": inp.reference,

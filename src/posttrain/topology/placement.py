@@ -62,6 +62,8 @@ def role_bundles(cfg: RunConfig) -> list[tuple[str, dict[str, float]]]:
     bundles += [(f"trainer{r}", res(t.trainer_cpus, t.trainer_gpus)) for r in range(1, t.trainer_ranks)]
     if cfg.algorithm.kl_coef > 0 and cfg.model.lora is None:
         bundles.append(("reference", res(t.reference_cpus)))
+    if cfg.distill.teacher:  # opd's teacher: forward only, like the reference (its CPU share too)
+        bundles.append(("teacher", res(t.reference_cpus)))
     if cfg.algorithm.name == "ppo":
         bundles.append(("critic", res(t.critic_cpus)))
     bundles.append(("reward", res(t.reward_cpus)))

@@ -4,7 +4,8 @@ feasibility (with the reason when it does not fit), predicted step time and cost
 
 Roles: `rollout` (the generation engine, policy weights + KV cache), `policy` (the trainer: weights, gradients,
 Adam states, activations), `reference` (frozen policy copy, forward only; only with a KL term), `reward` (a reward
-model, forward only; absent for rule-based verifiers) and `critic` (value model, trained; absent for GRPO).
+model, forward only; absent for rule-based verifiers), `critic` (value model, trained; absent for GRPO) and
+`teacher` (on-policy distillation's teacher, its own shape, forward only in the reference's phase; only for opd).
 With LoRA (`lora`) the trainer holds the frozen base once plus the adapters' training states, and there is no
 reference role: the trainer's base with the adapters off gives the reference logprobs (topology/lora.py).
 Phases run one after another (the loop's order), so a device's peak is its resident memory plus the largest
@@ -38,6 +39,7 @@ class PlanInputs:
     checkpointing: bool = False
     usd_per_device_hour: float = 0.0
     lora: L.LoraShape | None = None  # None: full fine-tuning
+    teacher: ModelShape | None = None  # opd's teacher (distill.teacher); None: no distillation
 
     @property
     def reference_in_trainer(self) -> bool:
@@ -53,6 +55,7 @@ class PlanInputs:
         trainer it syncs from only when the others leave room)."""
         out = ["policy"]
         out += ["reference"] if self.reference and not self.lora else []
+        out += ["teacher"] if self.teacher else []
         out += ["critic"] if self.critic else []
         out += ["reward"] if self.reward else []
         return out + ["rollout"]
@@ -122,11 +125,12 @@ def role_memory(inp: PlanInputs, role: str, devices: int) -> RoleMemory:
             working={"activations": M.activation_bytes(shape, w.seq_len, micro, inp.dtype, inp.checkpointing)},
             phase="train_" + role,
         )
-    if role in ("reference", "reward"):
-        shape = inp.policy if role == "reference" else inp.reward
+    if role in ("reference", "reward", "teacher"):
+        shape = {"reference": inp.policy, "reward": inp.reward, "teacher": inp.teacher}[role]
         one_layer = M.forward_activation_bytes(shape, w.seq_len, micro, inp.dtype)
+        # the teacher scores the samples while the reference does (step.py): the same phase
         return RoleMemory(role, devices, resident={"weights": M.weight_bytes(shape, inp.dtype) / devices},
-                          working={"activations": one_layer}, phase=role)
+                          working={"activations": one_layer}, phase="reference" if role == "teacher" else role)
     tp = engine_tp(inp, devices)
     kv = M.kv_cache_bytes(inp.policy, inp.dtype, w.scored_tokens) / devices
     return RoleMemory(role, devices, resident={},
@@ -196,6 +200,9 @@ def phase_seconds(inp: PlanInputs, groups: dict[str, list[int]], mems: dict[str,
     if inp.reference:  # with LoRA on the trainer's devices, adapters off
         t["reference"] = F.compute_seconds(F.forward_flops(N, w.scored_tokens),
                                            n["policy" if inp.lora else "reference"], dev.peak_flops, dev.inference_mfu)
+    if inp.teacher:  # concurrent with the reference, but perhaps on its devices: counted on top (an upper bound)
+        t["reference"] += F.compute_seconds(F.forward_flops(inp.teacher.params, w.scored_tokens), n["teacher"],
+                                            dev.peak_flops, dev.inference_mfu)
     trained = w.scored_tokens * w.train_passes
     if inp.critic:
         c = inp.critic.params
@@ -261,8 +268,8 @@ def _best(plans: list[LayoutPlan]) -> LayoutPlan:
 
 
 def split_pairs(inp: PlanInputs) -> LayoutPlan:
-    """policy + reference (+ rollout engine) on one device set, reward + critic on the other."""
-    a = [r for r in inp.roles() if r in ("policy", "reference", "rollout")]
+    """policy + reference (+ teacher, rollout engine) on one device set, reward + critic on the other."""
+    a = [r for r in inp.roles() if r in ("policy", "reference", "teacher", "rollout")]
     b = [r for r in inp.roles() if r in ("reward", "critic")]
     n = inp.cluster.devices
     if not b or n < 2:
