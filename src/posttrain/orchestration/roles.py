@@ -187,8 +187,8 @@ def role_actors(roles: Roles) -> dict[str, Any]:
     trainers = getattr(roles.trainer, "ranks", [roles.trainer])  # a TrainerGroup's ranks, or the one trainer
     named = {"trainer" + (str(r) if r else ""): a for r, a in enumerate(trainers)}
     named.update((f"rollout{i}", w) for i, w in enumerate(roles.rollout))
-    named.update((n, getattr(roles, n)) for n in ("reward", "reference", "teacher", "critic", "reward_model",
-                                                  "evaluator"))
+    named.update((n, getattr(roles, n, None)) for n in ("reward", "reference", "teacher", "critic", "reward_model",
+                                                        "evaluator"))
     return {n: a for n, a in named.items() if a is not None}
 
 
