@@ -30,11 +30,10 @@ from posttrain.errors import PosttrainError
 from posttrain.rollout.agent_transcript import AgentTranscript
 from posttrain.rollout.engine import Completion, SamplingSpec
 from posttrain.rollout.sampler import turn_seed
-from posttrain.rollout.tool_calls import ToolCall, parse_tool_calls
+from posttrain.rollout.tool_calls import HERMES_BLOCK, ToolCall, parse_tool_calls
 from posttrain.rollout.trajectory import ChatRenderer, Turn
 
 Generate = Callable[[list[list[int]], SamplingSpec, list[int]], list[list[Completion]]]
-_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 
 
 class GenerationQueue:
@@ -265,7 +264,7 @@ def openai_message(text: str, calls: list, k: int, finish_reason: str) -> tuple[
     it, for the agent to answer."""
     finish = "stop" if finish_reason == "stop" else "length"
     if calls and all(isinstance(c, ToolCall) for c in calls):
-        rest = _CALL_BLOCK.sub("", text).strip() if "<tool_call>" in text else ""
+        rest = HERMES_BLOCK.sub("", text).strip() if "<tool_call>" in text else ""
         tool_calls = [{"id": f"call_{k}_{i}", "type": "function",
                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for i, c in enumerate(calls)]
         return {"role": "assistant", "content": rest or None, "tool_calls": tool_calls}, "tool_calls"

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 
 from posttrain.errors import PosttrainError
+from posttrain.rollout.tool_calls import decoded_arguments, format_tool_call
 from posttrain.rollout.trajectory import ChatRenderer, Episode, Turn
 
 # Why an agent episode ended (samples.jsonl `end_reason`, metrics episode/end/<reason>).
@@ -41,28 +42,13 @@ def content_text(content) -> str:
     return str(content)
 
 
-def _arguments(raw) -> dict | str:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError:
-            return raw
-    return raw if raw is not None else {}
-
-
 def normalized(message: dict) -> tuple:
     """What makes two messages the same turn: role, content text, tool calls' names and arguments (parsed); the
     ids, refusal fields and JSON spelling an OpenAI client adds or changes do not count."""
     calls = tuple((c.get("function", {}).get("name"),
-                   json.dumps(_arguments(c.get("function", {}).get("arguments")), sort_keys=True))
+                   json.dumps(decoded_arguments(c.get("function", {}).get("arguments")), sort_keys=True))
                   for c in message.get("tool_calls") or [])
     return message.get("role"), content_text(message.get("content")).strip(), calls
-
-
-def call_text(name: str, arguments, parser: str) -> str:
-    """A tool call written the way the policy writes one (rollout.tool_parser), for history the proxy did not sample."""
-    body = json.dumps({"name": name, "arguments": _arguments(arguments)})
-    return f"<tool_call>\n{body}\n</tool_call>" if parser == "hermes" else body
 
 
 def template_messages(messages: list[dict], parser: str) -> list[dict]:
@@ -77,7 +63,7 @@ def template_messages(messages: list[dict], parser: str) -> list[dict]:
             for c in m["tool_calls"]:
                 fn = c.get("function", {})
                 names[c.get("id", "")] = fn.get("name", "")
-                calls.append(call_text(fn.get("name", ""), fn.get("arguments"), parser))
+                calls.append(format_tool_call(fn.get("name", ""), fn.get("arguments"), parser))
             text = (text + "\n" if text else "") + "\n".join(calls)
         if role == "tool":
             out.append({"role": "tool", "name": m.get("name") or names.get(m.get("tool_call_id", ""), ""),
@@ -109,11 +95,12 @@ class AgentTranscript:
         until `commit`."""
         tools_key = json.dumps(tools, sort_keys=True)
         shown = [normalized(m) for m in messages]
+        rendered = template_messages(messages, parser)
         last = self.chains[-1] if self.chains else None
         if last is not None and last.tools_key == tools_key and len(shown) > len(last.shown) \
                 and shown[: len(last.shown)] == last.shown:
             ep = last.episode
-            new = template_messages(messages, parser)[len(last.shown):]
+            new = rendered[len(last.shown):]
             try:
                 ids = renderer.delta_ids(ep.messages, new, ep.turns[-1].token_ids)
             except PosttrainError:
@@ -123,8 +110,7 @@ class AgentTranscript:
                             tool_results=[{"name": m.get("name", ""), "content": m["content"], "error": None,
                                            "seconds": 0.0} for m in new if m["role"] == "tool"])
                 return last, (turn, new, shown[len(last.shown):]), ep.context_ids() + ids
-        return None, (tools_key, template_messages(messages, parser), shown), \
-            renderer.prompt_ids(template_messages(messages, parser))
+        return None, (tools_key, rendered, shown), renderer.prompt_ids(rendered)
 
     def prepare_text(self, ids: list[int], text: str):
         """(chain or None, pending) for a raw-text call (/v1/completions) of prompt `ids`: it continues the last

@@ -59,13 +59,13 @@ def _call_from_object(obj, text: str) -> ToolCall | BadToolCall:
     return ToolCall(name, arguments)
 
 
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)  # one hermes call, its JSON body in group 1
 
 
 def parse_hermes(text: str) -> list[ToolCall | BadToolCall]:
     calls: list[ToolCall | BadToolCall] = []
     end = 0
-    for m in _BLOCK.finditer(text):
+    for m in HERMES_BLOCK.finditer(text):
         body = m.group(1).strip()
         try:
             calls.append(_call_from_object(json.loads(body), m.group(0)))
@@ -77,6 +77,23 @@ def parse_hermes(text: str) -> list[ToolCall | BadToolCall]:
         calls.append(BadToolCall(rest[rest.index("<tool_call>"):],
                                  "<tool_call> is never closed: end the call with </tool_call>"))
     return calls
+
+
+def format_tool_call(name: str, arguments, parser: str) -> str:
+    """A call written the way `parse_tool_calls(text, parser)` reads it back: hermes wraps the JSON object in
+    <tool_call> tags, json writes it bare. `arguments`: a dict, or a JSON-encoded string (as OpenAI sends them)."""
+    body = json.dumps({"name": name, "arguments": decoded_arguments(arguments)})
+    return f"<tool_call>\n{body}\n</tool_call>" if parser == "hermes" else body
+
+
+def decoded_arguments(raw) -> dict | str:
+    """OpenAI's JSON-encoded arguments as an object; an empty string is no arguments; text that is not JSON stays."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError:
+            return raw
+    return raw if raw is not None else {}
 
 
 def parse_json(text: str) -> list[ToolCall | BadToolCall]:
