@@ -34,6 +34,8 @@ LEARNING_TESTS=(
   tests/test_reward_model.py
   tests/test_sft.py
   tests/test_demo_tools.py
+  tests/test_gym_adapter.py
+  tests/test_distill.py
 )
 # Two computation paths that must agree (docs/numerics.md lists each with its bound)
 EQUALITY_TESTS=(
