@@ -52,8 +52,15 @@ def _free_port() -> int:
 
 @pytest.mark.integration
 def test_train_joins_a_running_ray_cluster_with_the_hf_engine(tmp_path, warm_model_dir):
+    """A head started by `ray start` where a token exists (~/.ray/auth_token: any earlier local ray.init writes
+    one), so it runs with token authentication, RAY_AUTH_MODE unset everywhere: the driver joins it as `ray start`
+    decided (orchestration/runtime.py use_token_auth_like_ray_start)."""
     port = _free_port()
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text(os.urandom(32).hex())
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}, "HOME": str(home),
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                     "--num-cpus=4", "--include-dashboard=false", "--disable-usage-stats"],
                    check=True, capture_output=True, env=env, timeout=120)
@@ -68,7 +75,7 @@ def test_train_joins_a_running_ray_cluster_with_the_hf_engine(tmp_path, warm_mod
         summary = json.loads((tmp_path / "joined" / "summary.json").read_text())
         assert summary["steps"] == 2
         status = subprocess.run([str(BIN / "ray"), "status", f"--address=127.0.0.1:{port}"], capture_output=True,
-                                text=True, env=env, timeout=60)
+                                text=True, env={**env, "RAY_AUTH_MODE": "token"}, timeout=60)
         assert status.returncode == 0  # the cluster outlives the job: we joined it, we did not own it
     finally:
         subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env, timeout=120)

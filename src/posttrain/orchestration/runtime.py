@@ -44,12 +44,16 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cfg.address:
+        use_token_auth_like_ray_start()
         try:
             ray.init(address=cfg.address, log_to_driver=cfg.log_to_driver, runtime_env={"env_vars": actor_env()})
         except Exception as e:  # noqa: BLE001 — surfaces as one clear message
+            auth = "InvalidAuthToken" in str(e) or "uthentication" in type(e).__name__
             raise PosttrainError(
                 f"ray.address: could not join the Ray cluster at {cfg.address}: {e}",
-                hint="check `ray status` on the head node, or drop --address to run an embedded cluster",
+                hint="the cluster uses token authentication: give this machine the head's token (~/.ray/auth_token, "
+                     "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) and set RAY_AUTH_MODE=token" if auth else
+                     "check `ray status` on the head node, or drop --address to run an embedded cluster",
             ) from None
         return
     pin_ray_to_loopback()
@@ -64,6 +68,19 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
             logging_level="warning",
             runtime_env={"env_vars": actor_env()},
         )
+
+
+def use_token_auth_like_ray_start() -> None:
+    """`ray start` turns token authentication on when RAY_AUTH_MODE is unset and a token exists (~/.ray/auth_token,
+    which any earlier local ray.init writes), but ray.init(address=...) does not: joining such a cluster would fail
+    with "InvalidAuthToken". The joining driver decides the same way `ray start` did, with Ray's own function."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 @contextlib.contextmanager
