@@ -1,6 +1,9 @@
 """On-policy distillation (algorithms/distill.py, algorithm.name=opd): the per-token reverse-KL advantage against
 numbers worked out by hand, the config's rules for the distill section, and the teacher's tokenizer check."""
 
+import hashlib
+import json
+
 import pytest
 import torch
 from numerics_bounds import f64
@@ -63,6 +66,18 @@ def test_compute_advantages_dispatches_opd():
 def test_distill_config_rules(overrides, match):
     with pytest.raises(PosttrainError, match=match):
         load_config(None, overrides)
+
+
+def test_a_resume_refuses_another_teacher_and_other_runs_keep_their_fingerprint():
+    # opd: the teacher and the coefficients are part of what a resume must not change
+    assert _cfg().fingerprint() != _cfg("distill.teacher=/another").fingerprint()
+    assert _cfg().fingerprint() != _cfg("distill.coef=2").fingerprint()
+    # any other algorithm: the (unused, default) distill section is not hashed, so checkpoints written before the
+    # section existed still resume; a hash over the four historical keys alone gives the same value
+    grpo = load_config(None, ["algorithm.name=grpo"])
+    d = grpo.to_dict()
+    four = {k: d[k] for k in ("model", "task", "algorithm", "seed")}
+    assert grpo.fingerprint() == hashlib.sha256(json.dumps(four, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------ the teacher's tokenizer

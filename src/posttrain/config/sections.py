@@ -476,7 +476,9 @@ class RunConfig(_Section):
         return self
 
     def fingerprint(self, keys: tuple[str, ...] = ("model", "task", "algorithm", "seed")) -> str:
-        """Hash of the parts that must not change across a resume."""
+        """Hash of the parts that must not change across a resume; on opd the distill section too (the teacher, its
+        coefficients), left out elsewhere so that other runs' checkpoints keep their fingerprints."""
         d = self.to_dict()
+        keys = (*keys, "distill") if self.algorithm.name == "opd" else keys
         return hashlib.sha256(json.dumps({k: d[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
 

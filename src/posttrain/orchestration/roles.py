@@ -55,7 +55,8 @@ def create_roles(cfg: RunConfig, model_dir: str, reserve_timeout_s: float = 120.
     teacher = None
     if "teacher" in index:  # opd: the reference's class on the teacher's weights (fixed too, so retried the same)
         teacher = ray.remote(ReferenceModel).options(**place("teacher", runtime_env=threads, max_restarts=3,
-                                                             max_task_retries=3)).remote(cfg_dict, cfg.distill.teacher)
+                                                             max_task_retries=3)).remote(cfg_dict, cfg.distill.teacher,
+                                                                                             "distill.teacher")
     if "critic" in index:
         from posttrain.training.critic import Critic
 

@@ -12,10 +12,11 @@ from posttrain.training.batch import completion_logprobs, pack
 
 
 class ReferenceModel(ActorProcess):
-    def __init__(self, cfg_dict: dict, model_dir: str):
+    def __init__(self, cfg_dict: dict, model_dir: str, field: str = "reference model"):
+        """`field` names the model in a load error: the reference, or on opd the teacher (distill.teacher)."""
         self.cfg = RunConfig.model_validate(cfg_dict)
         torch.set_num_threads(self.cfg.topology.torch_threads)
-        self.model, tok = load_causal_lm(model_dir, self.cfg.model.dtype, field="reference model")
+        self.model, tok = load_causal_lm(model_dir, self.cfg.model.dtype, field=field)
         self.model.requires_grad_(False)
         self.pad_id = tok.pad_token_id
 
