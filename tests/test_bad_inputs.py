@@ -489,6 +489,11 @@ CASES = [
          lambda t, m: _good(t, _model_variant(t, m, _chatml_without_tools),
                             f"rollout.agent={{command: 'bash agent.sh', port: {_taken_port()}}}"),
          "cannot listen"),
+    # verifiers environments (docs/verifiers.md)
+    Case("verifiers-python-without-it", "`verifiers export` with a Python that has no verifiers installed",
+         lambda t, m: ["verifiers", "export", "--python", sys.executable, "--taskset", "sum_env", "--out",
+                       str(t / "vf")],
+         "No module named 'verifiers'"),
     Case("tool-no-hints", "a tool whose parameter has no type hint",
          lambda t, m: _good(t, m, f"rollout.tools=[{MULTITURN / 'bad_tools.py'}:no_hints]"),
          "parameter 'query' has no type hint"),

@@ -12,7 +12,7 @@ from typing import Callable
 
 import typer
 
-from posttrain.cli import config, dpo, eval, export, model, probe, review, rm, run, topology, view
+from posttrain.cli import config, dpo, eval, export, model, probe, review, rm, run, topology, verifiers, view
 from posttrain.cli.common import user_errors
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models.")
@@ -51,6 +51,9 @@ GROUPS: list[tuple[str, str, list[tuple[str, Callable]]]] = [  # (name, help, it
         ("export", review.export),
         ("export-flags", review.export_flags_cmd),
         ("serve", review.serve),
+    ]),
+    ("verifiers", "Environments of the verifiers library: a taskset as data, its rubric as a reward.", [
+        ("export", verifiers.export_cmd),
     ]),
 ]
 
