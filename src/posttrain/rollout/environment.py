@@ -49,11 +49,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import math
-import numbers
 from dataclasses import dataclass
 
 from posttrain.errors import PosttrainError
+from posttrain.rollout.env_contract import is_finite_number, returned_error
 from posttrain.rollout.gym_adapter import GymContractError, episode_factory
 from posttrain.usercode import file_sha256, load
 
@@ -124,9 +123,7 @@ class ChatEnvironment:
 
 
 def _contract_error(where: str, method: str, what: str, value) -> str:
-    text = repr(value)
-    return (f"{where}.{method} returned {text[:300] + '...' if len(text) > 300 else text}: {what} "
-            "(see the protocol in posttrain/rollout/environment.py)")
+    return returned_error(where, method, value, what, "the protocol in posttrain/rollout/environment.py")
 
 
 def _check_messages(value, where: str, method: str) -> str | None:
@@ -152,8 +149,7 @@ def check_step(value, where: str) -> str | None:
     why = _check_messages(messages, where, "step")
     if why is not None:
         return why
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, numbers.Real)
-                               or not math.isfinite(reward)):
+    if reward is not None and not is_finite_number(reward):
         return _contract_error(where, "step", f"the reward {reward!r} is not a finite number or None", value)
     if not isinstance(done, bool):
         return _contract_error(where, "step", f"done {done!r} is not a bool", value)

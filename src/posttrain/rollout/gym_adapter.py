@@ -27,12 +27,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import math
-import numbers
 import sys
 from typing import Callable
 
 from posttrain.errors import PosttrainError
+from posttrain.rollout.env_contract import is_finite_number, returned_error
 
 FIELD = "rollout.environment_interface"
 RESET_KEYWORDS = ("seed", "options")
@@ -143,7 +142,7 @@ class GymnasiumEpisode:
         observation, reward, terminated, truncated, _ = out
         if not isinstance(observation, str):
             raise GymContractError(self._returned("step", out, f"the observation {observation!r:.200} is not a str"))
-        if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        if not is_finite_number(reward):
             raise GymContractError(self._returned("step", out, f"the reward {reward!r} is not a finite number"))
         for name, flag in (("terminated", terminated), ("truncated", truncated)):
             if not _is_bool(flag):
@@ -152,9 +151,8 @@ class GymnasiumEpisode:
         return ([] if done else [{"role": "user", "content": observation}]), float(reward), done
 
     def _returned(self, method: str, value, what: str) -> str:
-        text = repr(value)
-        return (f"{self.where}.{method} returned {text[:300] + '...' if len(text) > 300 else text}: {what} (see the "
-                "Gymnasium adapter in posttrain/rollout/gym_adapter.py)")
+        return returned_error(self.where, method, value, what,
+                              "the Gymnasium adapter in posttrain/rollout/gym_adapter.py")
 
 
 def _is_bool(value) -> bool:
