@@ -31,4 +31,4 @@ readme: install
 	$(BIN)/python scripts/sync_readme.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-verifiers runs .pytest_cache
