@@ -107,7 +107,7 @@ def test_same_tokenizer_passes_and_a_swapped_id_is_named(tmp_path, tiny_model_di
 
 # ------------------------------------------------------------------ learning: the student moves toward the teacher
 
-OPD_STEPS, OPD_K, OPD_Z_MIN = 16, 5, 4.0
+OPD_STEPS, OPD_K, OPD_Z_MIN = 24, 5, 4.0
 
 
 def opd_run(student: str, teacher: str, runs_dir: str) -> list[dict]:
@@ -118,7 +118,7 @@ def opd_run(student: str, teacher: str, runs_dir: str) -> list[dict]:
 
     cfg = load_config(None, [
         "name=opd", f"runs_dir={runs_dir}", f"model.path={student}", "algorithm.name=opd", f"distill.teacher={teacher}",
-        "algorithm.prompts_per_step=8", "algorithm.group_size=4", "algorithm.lr=1e-3", "algorithm.lr_schedule=constant",
+        "algorithm.prompts_per_step=24", "algorithm.group_size=4", "algorithm.lr=1e-3", "algorithm.lr_schedule=constant",
         f"train.steps={OPD_STEPS}", "rollout.engine=hf", "task.train_size=2000", "task.heldout_size=50",
         "eval.every=0", "checkpoint.every=0", "logging.progress=false", "ray.num_cpus=4",
     ])
@@ -143,6 +143,7 @@ def test_opd_lowers_the_reverse_kl_to_the_teacher(tiny_model_dir, warm_model_dir
     kl = [m["distill/reverse_kl"] for m in metrics if "distill/reverse_kl" in m]  # the step records
     assert len(kl) == OPD_STEPS
     fall, z = learning_z([-x for x in kl], OPD_K)  # 5- or 3-step windows, as the algorithm runs
+    print(f"reverse KL per step {[round(x, 3) for x in kl]}: fall {fall:+.3f}, z {z:.2f}")
     assert z > OPD_Z_MIN and fall > 0, f"reverse KL did not fall: {[round(x, 3) for x in kl]} (z {z:.2f})"
 
 
