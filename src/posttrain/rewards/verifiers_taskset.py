@@ -36,8 +36,12 @@ class VerifiersBridge:
                                  hint=INSTALL_HINT)
         reply = json.loads(line)
         if "error" in reply:
-            hint = INSTALL_HINT if "No module named 'verifiers'" in reply["error"] else \
-                "check the taskset's id (an importable module whose __all__ exports one Taskset) and --path"
+            if doing != "loading":  # the taskset loaded: a request of it failed (a rubric raised, an unknown key)
+                hint = "the message is verifiers' own; fix the taskset, or export the data again if it changed"
+            elif "No module named 'verifiers'" in reply["error"]:
+                hint = INSTALL_HINT
+            else:
+                hint = "check the taskset's id (an importable module whose __all__ exports one Taskset) and --path"
             raise PosttrainError(f"{self.where}: {reply['error']}", hint=hint)
         return reply
 
