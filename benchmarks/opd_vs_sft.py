@@ -27,7 +27,8 @@ benchmarks/results/opd_vs_sft.json.
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
+import shutil
 import subprocess
 import sys
 import time
@@ -128,14 +129,15 @@ def run_opd(student_dir: Path, teacher: Path, seed: int, args) -> tuple[list[dic
     path = WORK / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run_dir = ROOT / "runs" / name
-    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
     proc = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", str(path)], cwd=ROOT,
                           capture_output=True, text=True)
     (WORK / f"{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         sys.exit(f"OPD run failed (exit {proc.returncode}), see {WORK / f'{name}.log'}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "time/step" in r]
+    from posttrain.tracking import read_metrics
+
+    steps = [r for r in read_metrics(run_dir) if "time/step" in r]
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     return steps, [c / "model" for c in checkpoints]
 
@@ -202,7 +204,7 @@ def one_seed(seed: int, teacher_dir: Path, args) -> dict:
     save_model_dir(student, tok, student_dir)
 
     steps, checkpoints = run_opd(student_dir, teacher_dir, seed, args)
-    elapsed = [sum(r["time/step"] for r in steps[:k]) for k in range(1, len(steps) + 1)]
+    elapsed = list(itertools.accumulate(r["time/step"] for r in steps))  # seconds after each step
     opd = []
     for ckpt in checkpoints:
         k = int(ckpt.parent.name.split("_")[1])
