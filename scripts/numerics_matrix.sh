@@ -16,7 +16,7 @@
 #   mkl-isa-avx2  MKL_ENABLE_INSTRUCTIONS=AVX2 alone (MKL's dispatch capped at AVX2, ATen and oneDNN native)
 # Usage: scripts/numerics_matrix.sh [SETTING ...] [-- PYTEST_ARGS]     (default: every setting)
 #        TESTS=equality|learning|both|all (default both): the equality tests, the learning tests, both, or the whole
-#        suite (`all`: ~40 min per setting on 2 cores; under novec, where vLLM cannot run, `all` means both)
+#        suite (`all`: ~57 min per setting on 2 cores; under novec, where vLLM cannot run, `all` means both)
 #        DEMO=1 scripts/numerics_matrix.sh avx2      also runs `posttrain demo` under the setting (~8 min each)
 #        TESTS=none DEMO=1 scripts/numerics_matrix.sh     the demo alone
 # Writes runs/numerics/<setting>/{pytest.log,junit.xml[,demo.log,summary.json]} and prints the pass count, the
