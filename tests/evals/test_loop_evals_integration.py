@@ -58,7 +58,12 @@ def _cfg(tmp, model_dir, name, *extra):
     return load_config(None, [
         f"name={name}", f"runs_dir={tmp}", f"model.path={model_dir}", "rollout.engine=hf", "algorithm.prompts_per_step=8",
         "algorithm.group_size=8", "algorithm.kl_coef=0.0", "algorithm.lr=1e-3", "task.heldout_size=32",
-        "task.train_size=2000", "eval.every=0", "logging.progress=false", "topology.rollout_cpus=0.5", *extra])
+        "task.train_size=2000", "eval.every=0", "logging.progress=false", "topology.rollout_cpus=0.5",
+        # The zero-signal alarm is off: this is about the reward-hacking alarms and the evaluator. At kl 0 and lr
+        # 1e-3 the warm model can lose its few right answers; on an AMD EPYC (family 25 model 17) no group had a
+        # signal at steps 8-12 and that alarm stopped the run at step 12 (tests/test_no_signal.py tests it). At lr
+        # 1e-4 the run kept its signal but length_bucket fired on noise at steps 11-12.
+        "alarms.no_signal_steps=0", *extra])
 
 
 @pytest.fixture(scope="module")
