@@ -54,9 +54,26 @@ def start_worker_node(temp: str, index: int, label: bool = False, cpus: int = 3,
                             stderr=open(Path(temp) / f"worker{index}.err", "w"))
 
 
+def wait_for_gcs(head: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the head's GCS accepts connections on GCS_PORT (a worker node started before that gives up joining);
+    raises when the head exited or the port stayed closed (its stderr is in the temp dir's head.err)."""
+    import socket
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"the Ray head exited with {head.returncode} before its GCS listened")
+        with socket.socket() as s:
+            s.settimeout(1)
+            if s.connect_ex(("127.0.0.1", GCS_PORT)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the Ray head's GCS did not listen on 127.0.0.1:{GCS_PORT} within {timeout:.0f} s")
+
+
 def start_cluster(temp: str) -> list[subprocess.Popen]:
     procs = [start_head(temp)]
-    time.sleep(8)
+    wait_for_gcs(procs[0])
     procs.append(start_worker_node(temp, 1))
     return procs
 

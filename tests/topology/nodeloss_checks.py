@@ -26,7 +26,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from cluster_checks import GCS_PORT, GPUS_PER_NODE, start_head, start_worker_node, stop_cluster
+from cluster_checks import GCS_PORT, GPUS_PER_NODE, start_head, start_worker_node, stop_cluster, wait_for_gcs
 
 STEPS, KILL_AFTER = 6, 3
 # Ray declares a node dead after health_check_failure_threshold missed checks (default: 5 x 3 s + timeouts, ~30 s,
@@ -134,16 +134,12 @@ def wait_for_nodes(n: int, timeout: float = 90) -> None:
 
 
 def run(model_dir: str, work: Path, temp: str, nodes: dict, result: dict) -> None:
-    import ray
-
     from posttrain.loop import train
     from posttrain.orchestration.reform import CapacityLost
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    ray.init(address=f"127.0.0.1:{GCS_PORT}", log_to_driver=False)
-    wait_for_nodes(3)
     result["nodes"] = alive()
 
     cfg = config(model_dir, work, "continue", hook, wait_s=60)
@@ -170,7 +166,9 @@ def run(model_dir: str, work: Path, temp: str, nodes: dict, result: dict) -> Non
     t = time.time()
     summary = train(cfg, resume=True, progress=False)
     result["resumed"] = {"summary_steps": summary["steps"], **outcome(cfg, t)}
-    time.sleep(2)  # the notifier's last deliveries
+    deadline = time.time() + 10  # the notifier delivers from its own thread: until the resumed run's last event
+    while not any(w.get("run") == "exit" and w.get("event") == "run_finished" for w in DELIVERED) and time.time() < deadline:
+        time.sleep(0.1)
     result["webhooks"] = list(DELIVERED)
 
 
@@ -183,12 +181,13 @@ def main() -> None:
     result: dict = {}
     temp = tempfile.mkdtemp(prefix="rnl-")
     head = start_head(temp, FAST_HEALTH)
-    time.sleep(8)
     nodes = {}
-    for i in (1, 2):  # one at a time: two raylets starting at once on 2 busy cores time out waiting for the GCS
-        nodes[f"node{i}"] = start_worker_node(temp, i, label=True)
-        time.sleep(10)
     try:
+        wait_for_gcs(head)
+        ray.init(address=f"127.0.0.1:{GCS_PORT}", log_to_driver=False)
+        for i in (1, 2):  # one at a time: two raylets starting at once on 2 busy cores time out waiting for the GCS
+            nodes[f"node{i}"] = start_worker_node(temp, i, label=True)
+            wait_for_nodes(i + 1)
         run(model_dir, work, temp, nodes, result)
     except Exception as e:  # noqa: BLE001 -- reported to the test, which fails on it
         result["error"] = traceback.format_exc() + repr(e)
