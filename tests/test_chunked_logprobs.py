@@ -89,3 +89,40 @@ def test_no_tokens_by_vocabulary_tensor_is_kept_for_the_backward(model):
         whole = token_logprobs(head(hidden), targets)
     assert rows_of_logits() == 40  # the same hook sees the unchunked path keep all 40 tokens' logits
     assert_same(lp, whole, "logprobs")
+
+
+def test_sft_loss_through_the_chunked_head_equals_the_whole_logits_loss(model, monkeypatch):
+    """SFT's loss (training/sft.py::sft_batch_loss) over right-padded rows with prompt and padding masked out: the
+    chunked head gives the whole [B, T, V] computation's loss and gradients."""
+    import posttrain.training.batch as batch_module
+    from posttrain.training.sft import pack_examples, sft_batch_loss, sft_loss
+
+    model, pad = model
+    examples = [(p + c, [0] * len(p) + [1] * len(c)) for p, c in zip(PROMPTS, COMPLETIONS)]
+    ids, mask = pack_examples(examples, pad)
+    lengths = torch.tensor([len(x) for x, _ in examples])
+    attention = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+
+    def run(loss_fn):
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    import posttrain.training.sft as sft_module
+
+    calls = []
+    real = batch_module.head_logprobs
+    monkeypatch.setattr(sft_module, "head_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run(lambda: sft_batch_loss(model, ids, attention, mask))
+    assert not calls  # a tiny vocabulary's logits are far under WHOLE_LOGITS_MAX_BYTES: taken whole, as before
+    monkeypatch.setattr(sft_module, "WHOLE_LOGITS_MAX_BYTES", 0)  # every batch through the chunked head
+    monkeypatch.setattr(batch_module, "HEAD_CHUNK_TOKENS", 3)  # 16 target tokens in chunks of 3: five of 3 and one of 1
+    chunked = run(lambda: sft_batch_loss(model, ids, attention, mask))
+    assert calls
+    whole = run(lambda: sft_loss(model(input_ids=ids, attention_mask=attention).logits, ids, mask))
+    model.zero_grad(set_to_none=True)
+    assert_same(chunked[0], whole[0], "loss")
+    assert_same(chunked[1], whole[1], "gradients")
+    assert max(float(g.abs().max()) for g in chunked[1].values()) > 1e-3
+

@@ -19,13 +19,13 @@ def test_the_sft_loop_takes_its_loss_on_the_callers_mask_only(tiny_model_dir, mo
     examples = [sft_module.encode_sft_example(encoder, p) for p in load_task(cfg.task, cfg.seed).train]
     by_ids = {tuple(ids): mask for ids, mask in examples}
     seen = []
-    real_loss = sft_module.sft_loss
+    real_loss = sft_module.sft_batch_loss
 
-    def recording_loss(logits, input_ids, loss_mask):
+    def recording_loss(model, input_ids, attention_mask, loss_mask):
         seen.append((input_ids.clone(), loss_mask.clone()))
-        return real_loss(logits, input_ids, loss_mask)
+        return real_loss(model, input_ids, attention_mask, loss_mask)
 
-    monkeypatch.setattr(sft_module, "sft_loss", recording_loss)
+    monkeypatch.setattr(sft_module, "sft_batch_loss", recording_loss)
     steps = list(sft_module.sft_steps(model, examples, tok.pad_token_id, cfg.sft, cfg.seed))
     assert [s for s, _ in steps] == [1, 2, 3] and len(seen) == 3
     for ids, mask in seen:

@@ -98,13 +98,13 @@ def test_short_sft_writes_loadable_model_and_never_trains_on_heldout(base_dir, t
     heldout = {p.prompt for p in task.heldout}
     train = {p.prompt for p in task.train}
     seen: list[torch.Tensor] = []
-    real_loss = sft_module.sft_loss
+    real_loss = sft_module.sft_batch_loss
 
-    def recording_loss(logits, input_ids, loss_mask):
+    def recording_loss(model, input_ids, attention_mask, loss_mask):
         seen.append(input_ids.clone())
-        return real_loss(logits, input_ids, loss_mask)
+        return real_loss(model, input_ids, attention_mask, loss_mask)
 
-    monkeypatch.setattr(sft_module, "sft_loss", recording_loss)
+    monkeypatch.setattr(sft_module, "sft_batch_loss", recording_loss)
     evals: list[tuple[int, float]] = []
     out = tmp_path / "sft-model"
     out.mkdir()

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import torch
 
 from posttrain.algorithms.common import masked_mean, token_logprobs
-from posttrain.training.heldout import greedy_accuracy
 from posttrain.models.loading import PromptEncoder, load_causal_lm
+from posttrain.training.batch import head_logprobs, split_head
+from posttrain.training.heldout import greedy_accuracy
 from posttrain.tasks import load_task
 from posttrain.training.recipe import batch_indices, optimizer_step, run_recipe, save_model_dir
 
@@ -77,6 +78,29 @@ def sft_loss(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Ten
     return -masked_mean(logp, loss_mask[:, 1:])
 
 
+# Below this many bytes of float32 [B, T, V] logits the loss takes them whole: no more than one 512-token chunk of a
+# real vocabulary's head holds (49,152 words: 96 MiB), and every small-vocabulary SFT (the tiny demo and test models)
+# keeps the path its fixtures were tuned on (docs/numerics.md: the learning tests a different warm model broke).
+WHOLE_LOGITS_MAX_BYTES = 64 * 2**20
+
+
+def sft_batch_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   loss_mask: torch.Tensor) -> torch.Tensor:
+    """`sft_loss` of `model` on one right-padded batch ([B, T] each). Where the batch's [B, T, V] float32 logits
+    would exceed WHOLE_LOGITS_MAX_BYTES and the LM head splits off (training/batch.py::split_head), without them: the
+    head and log-softmax run over the N target tokens only, in chunks (`head_logprobs`), so at most
+    [HEAD_CHUNK_TOKENS, V] exists at a time. The same value and gradient as the whole computation
+    (tests/test_chunked_logprobs.py, float64)."""
+    split = split_head(model)
+    if split is None or input_ids.numel() * split[1].out_features * 4 <= WHOLE_LOGITS_MAX_BYTES:
+        return sft_loss(model(input_ids=input_ids, attention_mask=attention_mask).logits, input_ids, loss_mask)
+    body, head = split
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    targets = loss_mask[:, 1:] != 0  # position t predicts token t + 1
+    logp, _ = head_logprobs(head, hidden[:, :-1][targets], input_ids[:, 1:][targets])
+    return -logp.sum() / max(int(targets.sum()), 1)
+
+
 def warmup_lr(step: int, lr: float, warmup_steps: int) -> float:
     """Linear warm-up from lr/warmup_steps to lr over `warmup_steps` optimizer steps, then constant (the run stops on
     a held-out target, not at a planned length, so there is no decay horizon to aim at)."""
@@ -106,7 +130,7 @@ def sft_steps(model, examples: Sequence[tuple[list[int], list[int]]], pad_id: in
         attention = (torch.arange(width)[None, :] < lengths[idx, None]).long()
         for group in optimizer.param_groups:
             group["lr"] = warmup_lr(step, sft.lr, sft.warmup_steps)
-        loss = sft_loss(model(input_ids=ids, attention_mask=attention).logits, ids, mask)
+        loss = sft_batch_loss(model, ids, attention, mask)
         optimizer_step(optimizer, loss, params, MAX_GRAD_NORM)
         yield step + 1, loss.item()
 
