@@ -34,10 +34,9 @@ def one_step(model_dir: str, side: str, rows: int, tokens: int, threads: int) ->
     """In this process: load, one SFT step through `side` ("chunked" or "whole"), the peak above the loaded model."""
     import torch
 
+    import posttrain.training.sft as sft_module
     from posttrain.models.loading import load_causal_lm
     from posttrain.training.recipe import optimizer_step
-    import posttrain.training.sft as sft_module
-    from posttrain.training.sft import sft_batch_loss, sft_loss
 
     torch.set_num_threads(threads)
     model, _ = load_causal_lm(model_dir)
@@ -52,9 +51,9 @@ def one_step(model_dir: str, side: str, rows: int, tokens: int, threads: int) ->
     loaded = rss_mb()
     if side == "chunked":
         sft_module.WHOLE_LOGITS_MAX_BYTES = 0  # the chunked head whatever the batch (at 16 x 160 it is taken anyway)
-        loss = sft_batch_loss(model, ids, attention, mask)
+        loss = sft_module.sft_batch_loss(model, ids, attention, mask)
     else:
-        loss = sft_loss(model(input_ids=ids, attention_mask=attention).logits, ids, mask)
+        loss = sft_module.sft_loss(model(input_ids=ids, attention_mask=attention).logits, ids, mask)
     optimizer_step(optimizer, loss, params, 1.0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"side": side, "loaded_mb": round(loaded), "peak_mb": round(peak),

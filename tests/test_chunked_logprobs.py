@@ -95,6 +95,7 @@ def test_sft_loss_through_the_chunked_head_equals_the_whole_logits_loss(model, m
     """SFT's loss (training/sft.py::sft_batch_loss) over right-padded rows with prompt and padding masked out: the
     chunked head gives the whole [B, T, V] computation's loss and gradients."""
     import posttrain.training.batch as batch_module
+    import posttrain.training.sft as sft_module
     from posttrain.training.sft import pack_examples, sft_batch_loss, sft_loss
 
     model, pad = model
@@ -108,8 +109,6 @@ def test_sft_loss_through_the_chunked_head_equals_the_whole_logits_loss(model, m
         loss = loss_fn()
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    import posttrain.training.sft as sft_module
 
     calls = []
     real = batch_module.head_logprobs
@@ -125,4 +124,3 @@ def test_sft_loss_through_the_chunked_head_equals_the_whole_logits_loss(model, m
     assert_same(chunked[0], whole[0], "loss")
     assert_same(chunked[1], whole[1], "gradients")
     assert max(float(g.abs().max()) for g in chunked[1].values()) > 1e-3
-

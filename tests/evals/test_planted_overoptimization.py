@@ -136,7 +136,7 @@ def test_proxy_gold_alarm_fires_before_gold_falls_10pct_below_its_peak(planted):
     # the proxy went up: the held-out series (fixed problems, greedy: low noise) or the training batches' reward (what
     # RL maximizes; each step's prompts differ, so it is noisy: 2.77 -> 2.72 over five steps on one warm model whose
     # held-out proxy rose 0.537 -> 0.588)
-    held, trained = [heldout_proxy[s] for s in order], [proxy[s] for s in sorted(proxy)]
+    held, trained = [heldout_proxy[s] for s in order], [proxy[s] for s in order]
     assert sum(held[-5:]) > sum(held[:5]) or sum(trained[-5:]) > sum(trained[:5]), "while the proxy has gone up"
     assert first is not None and first < fallen[0]
 
