@@ -40,9 +40,12 @@ def effects(log: str) -> dict[str, str]:
     m = re.search(r"^proxy RM held-out pairwise accuracy ([\d.]+)", log, re.M)
     if m:
         out["rlhf: proxy RM held-out acc"] = m.group(1)
-    m = re.search(r"^greedy on \d+ held-out problems: proxy ([\d.]+) -> ([\d.]+)", log, re.M)
+    m = re.search(r"^greedy on \d+ held-out problems: proxy ([\d.]+) -> ([\d.]+)", log, re.M)  # its line before it sampled
     if m:
         out["rlhf: greedy proxy before → after"] = f"{m.group(1)} → {m.group(2)}"
+    m = re.search(r"^\d+ samples of \d+ held-out problems: proxy ([\d.]+) -> ([\d.]+)", log, re.M)
+    if m:
+        out["rlhf: sampled proxy before → after"] = f"{m.group(1)} → {m.group(2)}"
     m = re.search(r"^=+ (.*) in [\d.]+s", log, re.M)
     out["pytest"] = m.group(1) if m else "?"
     return out
@@ -55,7 +58,8 @@ def table(root: str = "runs/numerics") -> str:
     cols = [s for s in SETTINGS if (Path(root) / s / "pytest.log").is_file()]
     rows = {s: effects((Path(root) / s / "pytest.log").read_text(errors="replace")) for s in cols}
     keys = [*ALGOS, "dpo", "compare degraded", "compare twin", "planted: gold peak / -10% / first alarm",
-            "rlhf: proxy RM held-out acc", "rlhf: greedy proxy before → after", "pytest"]
+            "rlhf: proxy RM held-out acc", "rlhf: greedy proxy before → after",
+            "rlhf: sampled proxy before → after", "pytest"]
     lines = ["| test | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     lines += [f"| {k} | " + " | ".join(rows[s].get(k, "—") for s in cols) + " |" for k in keys]
     return "\n".join(lines)

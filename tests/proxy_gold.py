@@ -1,6 +1,6 @@
-"""Proxy reward beside gold on fixed problems: greedy completions of a policy directory, scored by a reward model
-(normalized, as the loop sees it) and by the task's hidden gold function. Comparing a run's first and last
-policy on the same problems takes the prompt-to-prompt noise out of the per-step `reward/rm` curve. A helper of
+"""Proxy reward beside gold on fixed problems: seeded samples of a policy directory's completions, scored by a
+reward model (normalized, as the loop sees it) and by the task's hidden gold function. Comparing a run's first and
+last policy on the same problems takes the prompt-to-prompt noise out of the per-step `reward/rm` curve. A helper of
 tests/test_rlhf_integration.py."""
 
 from __future__ import annotations
@@ -10,18 +10,33 @@ from pathlib import Path
 from posttrain.rewards.gold import gold_function
 
 
-def greedy_proxy_and_gold(policy_dir: str | Path, rm_dir: str | Path, task, problems, *, chat_template: str = "auto",
-                          max_new_tokens: int = 8) -> dict[str, float]:
-    """{"proxy": mean normalized RM score, "gold": mean gold score, "exact": exact-match share, "n": problems}
-    of the policy's greedy completions of `problems`."""
-    from posttrain.training.heldout import greedy_accuracy
+def sampled_proxy_and_gold(policy_dir: str | Path, rm_dir: str | Path, task, problems, *, samples: int = 8,
+                           seed: int = 0, chat_template: str = "auto", max_new_tokens: int = 8,
+                           batch_size: int = 256) -> dict[str, float]:
+    """{"proxy": mean normalized RM score, "gold": mean gold score, "exact": exact-match share, "n": completions}
+    over `samples` completions of each problem drawn at temperature 1 with a seeded generator: the policy's expected
+    proxy and gold scores, which is what GRPO against the proxy raises (a greedy completion can stay put while the
+    distribution moves, and 64 greedy answers move in steps of 1/64)."""
+    import torch
+
     from posttrain.models.loading import PromptEncoder, load_causal_lm
     from posttrain.rewards.reward_model import RewardModel
+    from posttrain.training.heldout import sampled_completions
 
     model, tok = load_causal_lm(policy_dir)
-    exact, texts = greedy_accuracy(model, PromptEncoder(tok, chat_template), task, problems, max_new_tokens)
-    proxy = RewardModel(str(rm_dir), chat_template=chat_template).score([(p.prompt, t) for p, t in zip(problems, texts)])
+    model.eval()
+    encoder = PromptEncoder(tok, chat_template)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rows = [p for p in problems for _ in range(samples)]
+    generator = torch.Generator().manual_seed(seed)
+    texts: list[str] = []
+    for start in range(0, len(rows), batch_size):
+        chunk = [encoder.encode(p.prompt) for p in rows[start:start + batch_size]]
+        completions = sampled_completions(model, chunk, generator, pad_id=pad_id, eos_id=tok.eos_token_id,
+                                          max_new_tokens=max_new_tokens)
+        texts.extend(encoder.decode_completion(c) for c in completions)
+    proxy = RewardModel(str(rm_dir), chat_template=chat_template).score([(p.prompt, t) for p, t in zip(rows, texts)])
     gold = gold_function(task.name)
-    golds = [gold(p.answer, t) for p, t in zip(problems, texts)] if gold else []
+    golds = [gold(p.answer, t) for p, t in zip(rows, texts)] if gold else []
     return {"proxy": sum(proxy) / len(proxy), "gold": sum(golds) / len(golds) if golds else float("nan"),
-            "exact": exact, "n": len(problems)}
+            "exact": sum(task.score(p, t) for p, t in zip(rows, texts)) / len(rows), "n": len(rows)}

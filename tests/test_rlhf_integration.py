@@ -60,15 +60,19 @@ def test_grpo_against_the_proxy_logs_gold_every_step_and_raises_the_proxy(rlhf_r
     gold = [m["reward/gold"] for m in steps]
     print(f"\nproxy reward/rm per step: {[round(x, 3) for x in proxy]}\ngold reward/gold per step: "
           f"{[round(x, 3) for x in gold]}")
-    # Per-step means move with each step's prompts; the same held-out problems before and after show the trend.
+    # Per-step means move with each step's prompts; the same held-out problems before and after show the trend:
+    # 8 seeded samples of each of 64, at the rollout's temperature 1 (the expected proxy, what GRPO raises). Measured
+    # (AMD EPYC model 17): +0.10 to +0.22 over 4 run seeds on the MKL_CBWR=AVX2 warm model, +0.10 on another warm
+    # model; the +0.02 asked for leaves room for another CPU's trajectory.
     from posttrain.config import load_config
     from posttrain.tasks import load_task
-    from proxy_gold import greedy_proxy_and_gold
+    from proxy_gold import sampled_proxy_and_gold
 
     task = load_task(load_config(None, ["task.train_size=2000", "task.heldout_size=64"]).task, 0)
     final = tmp / "rlhf-proxy-rm" / "checkpoints" / f"step_{STEPS:06d}" / "model"
-    before = greedy_proxy_and_gold(warm_model_dir, tmp / "rm", task, task.heldout)
-    after = greedy_proxy_and_gold(final, tmp / "rm", task, task.heldout)
-    print(f"greedy on {before['n']} held-out problems: proxy {before['proxy']:.3f} -> {after['proxy']:.3f}, "
-          f"gold {before['gold']:.3f} -> {after['gold']:.3f}, exact {before['exact']:.3f} -> {after['exact']:.3f}")
+    before = sampled_proxy_and_gold(warm_model_dir, tmp / "rm", task, task.heldout)
+    after = sampled_proxy_and_gold(final, tmp / "rm", task, task.heldout)
+    print(f"{before['n']} samples of {len(task.heldout)} held-out problems: proxy {before['proxy']:.3f} -> "
+          f"{after['proxy']:.3f}, gold {before['gold']:.3f} -> {after['gold']:.3f}, exact {before['exact']:.3f} -> "
+          f"{after['exact']:.3f}")
     assert after["proxy"] > before["proxy"] + 0.02, (before, after)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posttrain.config import load_config
-from posttrain.training.heldout import greedy_accuracy
+from posttrain.training.heldout import greedy_accuracy, sampled_completions
 from posttrain.models.loading import PromptEncoder, load_causal_lm
 from posttrain.tasks import Problem, load_task
 from posttrain.training import sft as sft_module
@@ -87,6 +87,27 @@ def test_greedy_accuracy_agrees_with_generate(model_and_tok):
         assert text == encoder.decode_completion(out[0, ids.shape[1]:].tolist()), p.prompt
     assert len({*texts}) > 1
     assert acc == sum(task.score(p, t) for p, t in zip(problems, texts)) / len(problems)
+
+
+def test_sampled_completions_draw_from_the_models_distribution(model_and_tok):
+    """2,000 one-token draws for each of two prompts of different lengths (so one is left-padded) against the
+    model's own softmax at the prompt's last position: every token's share within 5 binomial standard deviations
+    (+2 draws) of its probability. Greedy picking would put all 2,000 on one token."""
+    model, tok = model_and_tok
+    encoder = PromptEncoder(tok)
+    short, long = encoder.encode("12+34="), encoder.encode("123+456=")
+    n = 2000
+    draw = lambda seed: sampled_completions(model, [short, long] * n, torch.Generator().manual_seed(seed),  # noqa: E731
+                                            pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, max_new_tokens=1)
+    drawn = draw(0)
+    assert drawn == draw(0) and drawn != draw(1)  # seeded
+    for row, prompt in enumerate((short, long)):
+        with torch.no_grad():
+            probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        counts = torch.bincount(torch.tensor([c[0] for c in drawn[row::2]]), minlength=len(probs)).double()
+        bound = 5 * (probs * (1 - probs) / n).sqrt() + 2 / n
+        assert ((counts / n - probs).abs() <= bound).all(), (counts / n - probs).abs().max()
+        assert int((counts > 0).sum()) > 1
 
 
 def test_short_sft_writes_loadable_model_and_never_trains_on_heldout(base_dir, tmp_path, monkeypatch):

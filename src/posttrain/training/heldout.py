@@ -1,4 +1,5 @@
-"""Held-out greedy accuracy: batched greedy decoding with the HF model, in-process, scored by the task's verifier.
+"""Held-out greedy accuracy: batched greedy decoding with the HF model, in-process, scored by the task's verifier;
+and the same loop sampling at temperature 1 with a seeded generator (a policy's expected score on fixed problems).
 
 A hand-written KV-cached loop rather than `model.generate`: the prompts are left-padded, positions are counted from
 each prompt's first real token (so padding changes nothing but float rounding), and the loop stops as soon as every
@@ -16,12 +17,32 @@ if TYPE_CHECKING:
     from posttrain.tasks.base import Problem, Task
 
 
-@torch.no_grad()
 def greedy_completions(
     model, prompts: Sequence[list[int]], *, pad_id: int, eos_id: int, max_new_tokens: int = 8
 ) -> list[list[int]]:
     """Greedy continuations (token ids, EOS included when emitted, at most `max_new_tokens` tokens) of one batch
     of prompts given as token ids of any lengths."""
+    return _completions(model, prompts, lambda logits: logits.argmax(-1), pad_id, eos_id, max_new_tokens)
+
+
+def sampled_completions(
+    model, prompts: Sequence[list[int]], generator: torch.Generator, *, pad_id: int, eos_id: int,
+    max_new_tokens: int = 8
+) -> list[list[int]]:
+    """Continuations sampled at temperature 1 from the whole distribution (the rollout's default sampling), drawn
+    with `generator` (seeded: the same draws for the same model), otherwise as `greedy_completions`."""
+
+    def draw(logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits.double(), dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+    return _completions(model, prompts, draw, pad_id, eos_id, max_new_tokens)
+
+
+@torch.no_grad()
+def _completions(model, prompts: Sequence[list[int]], pick, pad_id: int, eos_id: int,
+                 max_new_tokens: int) -> list[list[int]]:
+    """The KV-cached decoding loop; `pick` maps the last position's logits [rows, vocabulary] to one token per row."""
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -38,7 +59,7 @@ def greedy_completions(
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     steps: list[torch.Tensor] = []
     for step in range(max_new_tokens):
-        token = out.logits[:, -1, :].argmax(-1)
+        token = pick(out.logits[:, -1, :])
         token = torch.where(done, torch.full_like(token, pad_id), token)  # finished rows keep emitting pad
         steps.append(token)
         done |= token == eos_id
