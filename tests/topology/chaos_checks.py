@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 import psutil
-from cluster_checks import GCS_PORT, start_head, start_worker_node, stop_cluster, wait_for_gcs
+from cluster_checks import GCS_PORT, start_head, start_worker_node, stop_cluster, wait_for_gcs, wait_for_nodes
 from nodeloss_checks import FAST_HEALTH, last_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the pace reward function
@@ -163,10 +163,7 @@ def main() -> None:
         wait_for_gcs(head)
         nodes["node1"] = start_worker_node(temp, 1, label=True, cpus=1, gpus=0)
         ray.init(address=f"127.0.0.1:{GCS_PORT}", log_to_driver=False, runtime_env={"env_vars": actor_env()})
-        deadline = time.time() + 90
-        while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
-            time.sleep(1)
-        result["nodes"] = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        result["nodes"] = wait_for_nodes(2)
         cfg = config(model_dir, work, "chaos")
         injector = Injector(cfg.run_dir, result["schedule"], nodes, temp, faults, work / "pace" / "hold")
         injector.start()

@@ -71,6 +71,21 @@ def wait_for_gcs(head: subprocess.Popen, timeout: float = 60) -> None:
     raise RuntimeError(f"the Ray head's GCS did not listen on 127.0.0.1:{GCS_PORT} within {timeout:.0f} s")
 
 
+def alive_nodes() -> list[str]:
+    """The node ids Ray's GCS reports alive (the driver is connected)."""
+    import ray
+
+    return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+
+
+def wait_for_nodes(n: int, timeout: float = 90) -> list[str]:
+    """Until exactly `n` nodes are alive or `timeout` passed (the caller asserts on what it gets): their ids."""
+    deadline = time.time() + timeout
+    while len(alive_nodes()) != n and time.time() < deadline:
+        time.sleep(0.5)
+    return alive_nodes()
+
+
 def start_cluster(temp: str) -> list[subprocess.Popen]:
     procs = [start_head(temp)]
     wait_for_gcs(procs[0])
@@ -184,10 +199,7 @@ def main() -> None:
     procs = start_cluster(tempfile.mkdtemp(prefix="rpt-"))  # short: Ray's socket paths must stay < 108 chars
     try:
         ray.init(address=f"127.0.0.1:{GCS_PORT}", log_to_driver=False)
-        deadline = time.time() + 90
-        while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
-            time.sleep(1)
-        result["nodes"] = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        result["nodes"] = wait_for_nodes(2)
         for mode in ("colocated", "split"):
             cfg = load_config(None, [f"model.path={model_dir}", f"topology.mode={mode}",
                                      f"topology.cluster=2x{GPUS_PER_NODE}xH100-80GB", "rollout.num_workers=2",

@@ -26,7 +26,8 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from cluster_checks import GCS_PORT, GPUS_PER_NODE, start_head, start_worker_node, stop_cluster, wait_for_gcs
+from cluster_checks import (GCS_PORT, GPUS_PER_NODE, alive_nodes, start_head, start_worker_node, stop_cluster,
+                            wait_for_gcs, wait_for_nodes)
 
 STEPS, KILL_AFTER = 6, 3
 # Ray declares a node dead after health_check_failure_threshold missed checks (default: 5 x 3 s + timeouts, ~30 s,
@@ -92,7 +93,8 @@ class NodeKiller(threading.Thread):
         from ray.util.state import list_actors
 
         self.wait_for(1)  # where the ranks are, asked early: the state API is slow next to a 0.5 s step
-        ranks = list_actors(filters=[("class_name", "=", "ShardedTrainer"), ("state", "=", "ALIVE")], detail=True)
+        ranks = list_actors(address=f"127.0.0.1:{GCS_PORT}", detail=True,  # not found by scanning: others may run
+                            filters=[("class_name", "=", "ShardedTrainer"), ("state", "=", "ALIVE")])
         target = next(((label_of(a.node_id), a) for a in ranks if label_of(a.node_id) in self.nodes), None)
         if target is None:
             return
@@ -121,18 +123,6 @@ def outcome(cfg, started: float) -> dict:
             "checkpoints": sorted(p.name for p in (cfg.run_dir / "checkpoints").glob("step_*"))}
 
 
-def alive() -> list[str]:
-    import ray
-
-    return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-
-
-def wait_for_nodes(n: int, timeout: float = 90) -> None:
-    deadline = time.time() + timeout
-    while len(alive()) != n and time.time() < deadline:
-        time.sleep(0.5)
-
-
 def run(model_dir: str, work: Path, temp: str, nodes: dict, result: dict) -> None:
     from posttrain.loop import train
     from posttrain.orchestration.reform import CapacityLost
@@ -140,7 +130,7 @@ def run(model_dir: str, work: Path, temp: str, nodes: dict, result: dict) -> Non
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    result["nodes"] = alive()
+    result["nodes"] = alive_nodes()
 
     cfg = config(model_dir, work, "continue", hook, wait_s=60)
     killer = NodeKiller(cfg.run_dir, nodes)
@@ -148,7 +138,7 @@ def run(model_dir: str, work: Path, temp: str, nodes: dict, result: dict) -> Non
     t = time.time()
     summary = train(cfg, progress=False)
     result["continue"] = {"killed": killer.killed, "summary_steps": summary["steps"], **outcome(cfg, t),
-                          "alive_after": len(alive())}
+                          "alive_after": len(alive_nodes())}
 
     cfg = config(model_dir, work, "exit", hook, wait_s=15)
     killer = NodeKiller(cfg.run_dir, nodes)
@@ -160,7 +150,7 @@ def run(model_dir: str, work: Path, temp: str, nodes: dict, result: dict) -> Non
     except CapacityLost as e:
         result["exit"] = {"error": str(e), "hint": e.hint if hasattr(e, "hint") else None, "exited_s": time.time() - t}
     result["exit"]["killed"] = killer.killed
-    result["exit"]["alive_after"] = len(alive())
+    result["exit"]["alive_after"] = len(alive_nodes())
     nodes["node3"] = start_worker_node(temp, 3, label=True)
     wait_for_nodes(2)
     t = time.time()

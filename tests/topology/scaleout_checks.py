@@ -11,17 +11,15 @@ import json
 import os
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
-from cluster_checks import GCS_PORT, GPUS_PER_NODE, start_cluster, stop_cluster
+from cluster_checks import GCS_PORT, GPUS_PER_NODE, alive_nodes, start_cluster, stop_cluster, wait_for_nodes
 
 ROLE_CLASSES = ("ShardedTrainer", "RolloutWorker", "ReferenceModel", "RewardWorker")
 
 
 def run(model_dir: str, work: Path) -> dict:
-    import ray
     from ray.util.state import list_actors
 
     from posttrain.config import load_config
@@ -38,9 +36,11 @@ def run(model_dir: str, work: Path) -> dict:
     ])
     spec = placement_for_run(cfg)
     summary = train(cfg, progress=False)
-    actors = [a for a in list_actors(limit=1000, detail=True) if a.class_name in ROLE_CLASSES]
+    # the address named: the state API's own search fails when another Ray runs on this machine (a second suite)
+    actors = [a for a in list_actors(address=f"127.0.0.1:{GCS_PORT}", limit=1000, detail=True)
+              if a.class_name in ROLE_CLASSES]
     return {
-        "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]],
+        "nodes": alive_nodes(),
         "slots": {n: {"group": s.group, "bundle": s.bundle, "resources": s.resources} for n, s in spec.actors.items()},
         "actors": [{"class": a.class_name, "repr": a.repr_name, "node_id": a.node_id, "pid": a.pid} for a in actors],
         "summary": summary,
@@ -58,9 +58,7 @@ def main() -> None:
     procs = start_cluster(tempfile.mkdtemp(prefix="rpt-"))
     try:
         ray.init(address=f"127.0.0.1:{GCS_PORT}", log_to_driver=False)
-        deadline = time.time() + 90
-        while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
-            time.sleep(1)
+        wait_for_nodes(2)
         result.update(run(model_dir, work))
     except Exception as e:  # noqa: BLE001 -- reported to the test, which fails on it
         result["error"] = traceback.format_exc() + repr(e)
