@@ -17,24 +17,18 @@ def sampled_proxy_and_gold(policy_dir: str | Path, rm_dir: str | Path, task, pro
     over `samples` completions of each problem drawn at temperature 1 with a seeded generator: the policy's expected
     proxy and gold scores, which is what GRPO against the proxy raises (a greedy completion can stay put while the
     distribution moves, and 64 greedy answers move in steps of 1/64)."""
+    from functools import partial
+
     import torch
 
     from posttrain.models.loading import PromptEncoder, load_causal_lm
     from posttrain.rewards.reward_model import RewardModel
-    from posttrain.training.heldout import sampled_completions
+    from posttrain.training.heldout import completion_texts, sampled_completions
 
     model, tok = load_causal_lm(policy_dir)
-    model.eval()
-    encoder = PromptEncoder(tok, chat_template)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     rows = [p for p in problems for _ in range(samples)]
-    generator = torch.Generator().manual_seed(seed)
-    texts: list[str] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = [encoder.encode(p.prompt) for p in rows[start:start + batch_size]]
-        completions = sampled_completions(model, chunk, generator, pad_id=pad_id, eos_id=tok.eos_token_id,
-                                          max_new_tokens=max_new_tokens)
-        texts.extend(encoder.decode_completion(c) for c in completions)
+    draw = partial(sampled_completions, generator=torch.Generator().manual_seed(seed))
+    texts = completion_texts(model, PromptEncoder(tok, chat_template), rows, draw, max_new_tokens, batch_size)
     proxy = RewardModel(str(rm_dir), chat_template=chat_template).score([(p.prompt, t) for p, t in zip(rows, texts)])
     gold = gold_function(task.name)
     golds = [gold(p.answer, t) for p, t in zip(rows, texts)] if gold else []

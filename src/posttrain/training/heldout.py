@@ -88,6 +88,15 @@ def greedy_accuracy(
     and the decoded completions (text before the first EOS/pad), in the order of `problems`."""
     if not problems:
         return 0.0, []
+    texts = completion_texts(model, encoder, problems, greedy_completions, max_new_tokens, batch_size)
+    scores = [task.score(p, t) for p, t in zip(problems, texts)]
+    return sum(scores) / len(scores), texts
+
+
+def completion_texts(model, encoder: "PromptEncoder", problems: Sequence["Problem"], complete,
+                     max_new_tokens: int = 8, batch_size: int = 250) -> list[str]:
+    """The decoded completions of `problems`' prompts in batches of `batch_size`, in their order, the model in eval
+    mode meanwhile; `complete` is greedy_completions or a sampled_completions with its generator bound."""
     tok = encoder.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     was_training = model.training
@@ -95,13 +104,10 @@ def greedy_accuracy(
     texts: list[str] = []
     try:
         for start in range(0, len(problems), batch_size):
-            chunk = problems[start:start + batch_size]
-            prompts = [encoder.encode(p.prompt) for p in chunk]
-            completions = greedy_completions(
-                model, prompts, pad_id=pad_id, eos_id=tok.eos_token_id, max_new_tokens=max_new_tokens
-            )
+            prompts = [encoder.encode(p.prompt) for p in problems[start:start + batch_size]]
+            completions = complete(model, prompts, pad_id=pad_id, eos_id=tok.eos_token_id,
+                                   max_new_tokens=max_new_tokens)
             texts.extend(encoder.decode_completion(c) for c in completions)
     finally:
         model.train(was_training)
-    scores = [task.score(p, t) for p, t in zip(problems, texts)]
-    return sum(scores) / len(scores), texts
+    return texts
