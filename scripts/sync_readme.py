@@ -45,7 +45,7 @@ PACKAGE_LINES = {
 
 # What each layer holds, bottom to top (the layer names are tests/test_architecture.py's LAYERS).
 LAYER_LINES = {
-    "ground": "errors, machine facts, user-code loading, sandbox, the checkpoint directory format, preemption signals, progress",
+    "ground": "errors, machine facts, user-code loading, sandbox, the checkpoint directory format, preemption signals and their last-resort guard, progress",
     "config": "the config sections, their loading, and what each algorithm name presets",
     "tracking": "where a run's numbers go (metrics.jsonl, TensorBoard, MLflow, W&B)",
     "remote": "Ray call plumbing: where an actor is, its stacks, faults, the watchdog, redo",

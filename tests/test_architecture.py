@@ -14,7 +14,7 @@ _spec.loader.exec_module(import_graph)
 
 # Bottom to top. A module of the package root not named here is at the top (the run: loop, step, demo, ...); the
 # command line (cli/) sits above it, since its commands call the run.
-GROUND = {"posttrain", "errors", "machine", "usercode", "sandbox", "checkpoint", "preemption", "progress",
+GROUND = {"posttrain", "errors", "machine", "usercode", "sandbox", "checkpoint", "preemption", "stop_guard", "progress",
           "probe_stats"}
 # rollout sits below training: the trainers read rollout's records (rollout/trajectory.py), and nothing in rollout/
 # imports training/ (the step that joins them is at the top, step.py).

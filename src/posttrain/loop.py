@@ -6,6 +6,8 @@ advantage -> train -> sync) is step.py; the rollout fleet's remote calls are rol
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,6 +40,7 @@ from posttrain.rollout.sampler import PromptSampler, data_fingerprint
 from posttrain.run_files import (RunState, build_summary, load_resume_state, prepare_run_dir,
                                  resume_command, save_checkpoint)
 from posttrain.step import run_step
+from posttrain.stop_guard import StuckStopGuard
 from posttrain.tasks import load_task
 from posttrain.tasks.base import answer_needed
 from posttrain.tasks.dataset import record_report
@@ -99,6 +102,15 @@ def stopped_without_checkpoint(cfg: RunConfig, error: BaseException) -> StoppedW
     command = resume_command(cfg) if newest else f"posttrain train {(cfg.run_dir / 'config.yaml').resolve()}"
     return StoppedWithoutCheckpoint(why, signal_name, newest, int(newest.name[len(ckpt.PREFIX):]) if newest else None,
                                     command)
+
+
+def report_stuck_stop(cfg: RunConfig, signal_name: str, notify) -> None:
+    """stop_guard.py's last resort (the main thread is blocked in C code): the message and the notification the
+    run's end would have given, before the guard ends the process."""
+    stopped = stopped_without_checkpoint(cfg, ClusterStopped(signal_name))
+    os.write(sys.stderr.fileno(), f"{stopped}\n".encode())  # not through sys.stderr: the main thread may hold it
+    notify("run_preempted", step=stopped.step, checkpoint=stopped.newest, abandoned_step=None,
+           resume=resume_command(cfg) if stopped.newest else None)
 
 
 def stop_without_signal(cfg: RunConfig, roles, state: RunState, last_ckpt_step: int, message: str) -> NoLearningSignal:
@@ -217,6 +229,8 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: Refo
     stop_signals = StopSignalWatch(cfg.checkpoint.grace_seconds, ckpt.checkpoint_bytes_estimate(cfg.model.path)
                                    / ASSUMED_CHECKPOINT_BYTES_PER_S, cluster_stopped=embedded_cluster_stopped,
                                    note=run.bar.note).install()  # SIGTERM and SIGINT; after ray.init, which sets its own
+    guard = StuckStopGuard(lambda: stop_signals.requested, embedded_cluster_stopped,
+                           lambda signal_name: report_stuck_stop(cfg, signal_name, notify)).start()
     try:
         start_roles(run, reforming, notify)
         run_steps(run, stop_signals, nodes, notify)
@@ -225,7 +239,10 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: Refo
         raise_roles_lost_if_lost(e, run.roles)
         raise
     finally:
-        close_run(run, stop_signals, started_ray)
+        try:
+            close_run(run, stop_signals, started_ray)
+        finally:
+            guard.close()
     return summarize(run, final_ckpt, wall0)
 
 

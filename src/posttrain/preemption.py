@@ -10,7 +10,8 @@ names the checkpoint and the exact command that continues the run:
   (GCS, raylet, monitors: none of them exits during a run; the monitors exit within milliseconds of a SIGTERM,
   the GCS and raylet drain for up to ~15 s); when one has exited it raises ClusterStopped, and the run exits 75 at
   once naming the newest valid checkpoint, instead of waiting for workers to restart (or for Ray's 60 s GCS
-  reconnect to end the process with exit 1).
+  reconnect to end the process with exit 1). When the main thread is blocked inside C code then, so that no
+  Python handler can run, stop_guard.py ends the process from another thread with the same message and code.
 - SIGINT (Ctrl-C) once: the step in progress finishes, the checkpoint is written, exit EXIT_INTERRUPTED (130).
   Twice: KeyboardInterrupt at once, no checkpoint; exit 130 naming the newest valid one.
 
@@ -119,6 +120,13 @@ def cluster_stopped_by() -> str | None:
     return _cluster_stopped_by
 
 
+def mark_cluster_stopped(signal_name: str) -> None:
+    """Records that the run's own cluster went with `signal_name` (the first one seen stays)."""
+    global _cluster_stopped_by
+    if _cluster_stopped_by is None:
+        _cluster_stopped_by = signal_name
+
+
 def point_of_no_return() -> None:
     """Called by the step just before it hands its batch to the trainer: from here on it is never abandoned."""
     if _active is not None:
@@ -204,9 +212,8 @@ class StopSignalWatch:
         raise ClusterStopped(self.signal_name)
 
     def _saw_cluster_stopped(self) -> bool:
-        global _cluster_stopped_by
         if _cluster_stopped_by is None and self.cluster_stopped():
-            _cluster_stopped_by = self.signal_name
+            mark_cluster_stopped(self.signal_name)
         return _cluster_stopped_by is not None
 
     # -------------------------------------------------------------------------------- state

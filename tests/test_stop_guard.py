@@ -1,0 +1,70 @@
+"""The stop guard (stop_guard.py) with real signals to a real process whose main thread is blocked inside C code
+the way a synchronous Ray GCS call blocks it: locking a pthread mutex it already holds, a wait that no signal
+interrupts, so Python never runs the stop-signal handler. Without the guard that process would hang until killed
+(as a driver hangs until Ray's 60 s GCS reconnect ends it with exit 1)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from posttrain.preemption import EXIT_PREEMPTED
+from posttrain.stop_guard import STUCK_SECONDS
+
+# The process: the watch and the guard as the loop installs them; the "cluster" has stopped once the file
+# `cluster_gone` exists; then the main thread blocks for good in pthread_mutex_lock (ctypes releases the GIL).
+BLOCKED_DRIVER = textwrap.dedent("""
+    import ctypes, os, sys
+    from pathlib import Path
+    from posttrain.preemption import StopSignalWatch
+    from posttrain.stop_guard import StuckStopGuard
+
+    gone = Path(sys.argv[1])
+    watch = StopSignalWatch(cluster_stopped=gone.exists).install()
+    StuckStopGuard(lambda: watch.requested, gone.exists,
+                   lambda name: os.write(2, f"stopped by {name}: newest checkpoint step_000003\\n".encode())).start()
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER, a normal (non-recursive) mutex
+    libc = ctypes.CDLL(None)
+    libc.pthread_mutex_lock(mutex)
+    print("blocking", flush=True)
+    libc.pthread_mutex_lock(mutex)  # never returns
+""")
+
+
+def _start_blocked(tmp_path) -> tuple[subprocess.Popen, object]:
+    gone = tmp_path / "cluster_gone"
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_DRIVER, str(gone)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "blocking", proc.communicate(timeout=30)
+    return proc, gone
+
+
+def test_a_main_thread_blocked_in_c_when_the_cluster_goes_exits_75_with_the_message(tmp_path):
+    proc, gone = _start_blocked(tmp_path)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    gone.touch()  # the cgroup kill took the cluster's processes too
+    try:
+        _, err = proc.communicate(timeout=STUCK_SECONDS + 10)
+    finally:
+        proc.kill()
+    exited = time.monotonic() - sent
+    assert proc.returncode == EXIT_PREEMPTED, err
+    assert err.strip() == "stopped by SIGTERM: newest checkpoint step_000003"  # one message, no traceback
+    # STUCK_SECONDS after the cluster was seen gone, seen within a poll (0.5 s); 2 s for a busy machine
+    assert STUCK_SECONDS <= exited < STUCK_SECONDS + 2.5, exited
+
+
+def test_while_the_cluster_still_runs_a_blocked_main_thread_is_left_alone(tmp_path):
+    """SIGTERM to the driver's group alone leaves the cluster running: the main thread may be in a long call that
+    ends, and then checkpoints (test_stop_signals.py); the guard must not end it."""
+    proc, _ = _start_blocked(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(STUCK_SECONDS + 2)
+    still_running = proc.poll() is None
+    proc.kill()
+    proc.communicate()
+    assert still_running
