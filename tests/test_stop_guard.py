@@ -68,3 +68,24 @@ def test_while_the_cluster_still_runs_a_blocked_main_thread_is_left_alone(tmp_pa
     proc.kill()
     proc.communicate()
     assert still_running
+
+
+def test_the_loops_report_names_the_run_and_notifies_as_the_main_thread_would(tmp_path, capfd):
+    """What the loop gives the guard to say (loop.report_stuck_stop): the StoppedWithoutCheckpoint message on
+    stderr and the run_preempted notification (here before any checkpoint: the command starts the run again)."""
+    from posttrain import preemption
+    from posttrain.config import load_config
+    from posttrain.loop import report_stuck_stop
+
+    cfg = load_config(None, ["name=stuck", f"runs_dir={tmp_path}"])
+    sent = []
+    preemption.mark_cluster_stopped("SIGTERM")  # as the guard does before it reports
+    try:
+        report_stuck_stop(cfg, "SIGTERM", lambda event, **fields: sent.append((event, fields)))
+    finally:
+        preemption._cluster_stopped_by = None
+    err = capfd.readouterr().err
+    assert err == (f"preempted (SIGTERM): the run's Ray cluster (GCS, raylet, workers) was stopped with it by SIGTERM, "
+                   f"so no checkpoint was written now; no checkpoint was written yet; start the run again with "
+                   f"`posttrain train {(tmp_path / 'stuck' / 'config.yaml').resolve()}`\n")
+    assert sent == [("run_preempted", {"step": None, "checkpoint": None, "abandoned_step": None, "resume": None})]
