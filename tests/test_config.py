@@ -87,7 +87,8 @@ def test_engine_threads_follow_whether_generation_runs_alone():
     def threads(*overrides):
         return engine_threads(load_config(None, list(overrides)))
 
-    assert threads() == 2 and threads("topology.torch_threads=3") == 3
+    trainer_threads = load_config(None, []).topology.torch_threads  # 2; 1 under the numerics matrix's threads1
+    assert threads() == trainer_threads and threads("topology.torch_threads=3") == 3
     assert threads("rollout.num_workers=2") == 1
     assert threads("rollout.async_one_step_off=true") == 1
     assert threads("rollout.num_workers=1..3") == 1
