@@ -3,12 +3,11 @@ from the README, the README at most 250 lines, no number tied to a moment of the
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("sync_readme", ROOT / "scripts" / "sync_readme.py")
-sync_readme = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sync_readme)
 
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -31,8 +30,11 @@ def _anchors(page: Path) -> set[str]:
 def test_generated_blocks_are_current():
     """docs/config.md (every config key), docs/architecture.md (layers, modules), docs/performance.md (perf.json)
     and the README's layout must match the code and the tree."""
-    stale = sync_readme.stale()
-    assert not stale, "out of date, regenerate with `make readme`:\n  " + "\n  ".join(stale)
+    # In a process of its own: under the numerics matrix's threads1 setting, conftest.py changes the default of
+    # topology.torch_threads in this one, and docs/config.md lists the declared defaults.
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "sync_readme.py"), "--check"],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, "regenerate with `make readme`:\n" + check.stdout + check.stderr[-2000:]
 
 
 def test_readme_is_at_most_250_lines():
