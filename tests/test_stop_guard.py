@@ -29,17 +29,33 @@ BLOCKED_DRIVER = textwrap.dedent("""
     mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER, a normal (non-recursive) mutex
     libc = ctypes.CDLL(None)
     libc.pthread_mutex_lock(mutex)
-    print("blocking", flush=True)
+    print(ctypes.addressof(mutex), flush=True)
     libc.pthread_mutex_lock(mutex)  # never returns
 """)
 
 
 def _start_blocked(tmp_path) -> tuple[subprocess.Popen, object]:
+    """The process, once its main thread waits inside pthread_mutex_lock. A signal sent before that (while it still
+    runs the bytecode up to the call) would run the watch's handler, and the guard would rightly give it 15 s."""
     gone = tmp_path / "cluster_gone"
     proc = subprocess.Popen([sys.executable, "-c", BLOCKED_DRIVER, str(gone)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "blocking", proc.communicate(timeout=30)
+    line = proc.stdout.readline()
+    assert line.strip().isdigit(), proc.communicate(timeout=30)
+    _wait_until_blocked_on(proc.pid, int(line))
     return proc, gone
+
+
+def _wait_until_blocked_on(pid: int, address: int, timeout: float = 30) -> None:
+    """/proc/PID/syscall: the main thread's system call in progress and its arguments; the futex wait of a locked
+    glibc mutex has the mutex's own address as its first argument ("running" while the thread is not in one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fields = open(f"/proc/{pid}/syscall").read().split()
+        if len(fields) > 1 and int(fields[1], 16) == address:
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"process {pid} did not block on its mutex within {timeout} s")
 
 
 def test_a_main_thread_blocked_in_c_when_the_cluster_goes_exits_75_with_the_message(tmp_path):
