@@ -4,8 +4,8 @@ main thread cannot end the run because it is blocked inside C code, end the proc
 Python runs a signal handler only when the main thread next executes Python. A main thread blocked in one of
 Ray's synchronous GCS calls (looking up nodes, actors, resources) when the GCS is killed stays there until Ray's
 GCS reconnect gives up after 60 s and ends the process with exit 1 ("Failed to connect to GCS within 60
-seconds"): the StopSignalWatch (preemption.py) never gets to run. Seen once in ~30 runs of the test that signals
-every process of a run at once.
+seconds"): the StopSignalWatch (preemption.py) never gets to run. Seen once, in a clean-clone `make test`, in
+the test that signals every process of a run at once (its reruns passed).
 
 So the guard learns of the signal where the main thread is not needed: `signal.set_wakeup_fd` makes the
 interpreter's C-level handler write the signal's number to a pipe, which a daemon thread reads. Once a stop
