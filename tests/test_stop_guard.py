@@ -24,8 +24,8 @@ BLOCKED_DRIVER = textwrap.dedent("""
 
     gone = Path(sys.argv[1])
     watch = StopSignalWatch(cluster_stopped=gone.exists).install()
-    StuckStopGuard(lambda: watch.requested, gone.exists,
-                   lambda name: os.write(2, f"stopped by {name}: newest checkpoint step_000003\\n".encode())).start()
+    say = lambda name: os.write(2, f"stopped by {name}: newest checkpoint step_000003\\n".encode())  # noqa: E731
+    StuckStopGuard(watch, say).start()
     mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER, a normal (non-recursive) mutex
     libc = ctypes.CDLL(None)
     libc.pthread_mutex_lock(mutex)

@@ -109,6 +109,10 @@ def report_stuck_stop(cfg: RunConfig, signal_name: str, notify) -> None:
     run's end would have given, before the guard ends the process."""
     stopped = stopped_without_checkpoint(cfg, ClusterStopped(signal_name))
     os.write(sys.stderr.fileno(), f"{stopped}\n".encode())  # not through sys.stderr: the main thread may hold it
+    notify_stopped_without_checkpoint(cfg, stopped, notify)
+
+
+def notify_stopped_without_checkpoint(cfg: RunConfig, stopped: StoppedWithoutCheckpoint, notify) -> None:
     notify("run_preempted", step=stopped.step, checkpoint=stopped.newest, abandoned_step=None,
            resume=resume_command(cfg) if stopped.newest else None)
 
@@ -152,8 +156,7 @@ def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, allow_
                       resume=resume_command(cfg))
         raise
     except StoppedWithoutCheckpoint as e:
-        notifier.emit("run_preempted", step=e.step, checkpoint=e.newest, abandoned_step=None,
-                      resume=resume_command(cfg) if e.newest else None)
+        notify_stopped_without_checkpoint(cfg, e, notifier.emit)
         raise
     except BaseException as e:  # whoever is paged needs to know the run is gone
         last = ckpt.list_checkpoints(cfg.run_dir / "checkpoints")
@@ -229,8 +232,7 @@ def _train(cfg: RunConfig, resume: bool, progress: bool, notify, reforming: Refo
     stop_signals = StopSignalWatch(cfg.checkpoint.grace_seconds, ckpt.checkpoint_bytes_estimate(cfg.model.path)
                                    / ASSUMED_CHECKPOINT_BYTES_PER_S, cluster_stopped=embedded_cluster_stopped,
                                    note=run.bar.note).install()  # SIGTERM and SIGINT; after ray.init, which sets its own
-    guard = StuckStopGuard(lambda: stop_signals.requested, embedded_cluster_stopped,
-                           lambda signal_name: report_stuck_stop(cfg, signal_name, notify)).start()
+    guard = StuckStopGuard(stop_signals, lambda signal_name: report_stuck_stop(cfg, signal_name, notify)).start()
     try:
         start_roles(run, reforming, notify)
         run_steps(run, stop_signals, nodes, notify)

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable
 
-from posttrain.preemption import CLUSTER_POLL_SECONDS, exit_code_for, mark_cluster_stopped
+from posttrain.preemption import CLUSTER_POLL_SECONDS, StopSignalWatch, exit_code_for, mark_cluster_stopped
 
 # After the cluster is seen stopped: how long a main thread whose handler never ran is waited for (it runs within
 # about a second when it is in a Ray wait, which polls for signals), and how long one that did run may take to end
@@ -34,13 +34,13 @@ _STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
 
 
 class StuckStopGuard:
-    """Started after the StopSignalWatch is installed (main thread), closed when the run has ended. `handled()`:
-    whether the main thread's handler has recorded a stop signal; `cluster_stopped()`: whether a process of the
-    run's embedded cluster has exited; `report(signal_name)`: says how the run stopped, before the exit."""
+    """Started after `watch` is installed (main thread), closed when the run has ended (the watch is restored
+    before the run's clean-up, which the guard still covers). From the watch it reads whether the main thread's
+    handler has recorded a stop signal and whether a process of the run's cluster has exited; `report(signal_name)`
+    says how the run stopped, before the exit."""
 
-    def __init__(self, handled: Callable[[], bool], cluster_stopped: Callable[[], bool],
-                 report: Callable[[str], None]):
-        self.handled, self.cluster_stopped, self.report = handled, cluster_stopped, report
+    def __init__(self, watch: StopSignalWatch, report: Callable[[str], None]):
+        self.watch, self.report = watch, report
         self._closed = threading.Event()
         self._read_fd = self._write_fd = -1
         self._previous_fd: int | None = None
@@ -83,13 +83,13 @@ class StuckStopGuard:
 
     def _cluster_gone(self) -> bool:
         try:
-            return self.cluster_stopped()
+            return self.watch.cluster_stopped()
         except Exception:  # noqa: BLE001 - the main thread may be changing Ray's process table; look again later
             return False
 
     def _main_thread_overdue(self, cluster_gone_at: float) -> bool:
         waited = time.monotonic() - cluster_gone_at
-        return waited >= ENDING_SECONDS or (waited >= STUCK_SECONDS and not self.handled())
+        return waited >= ENDING_SECONDS or (waited >= STUCK_SECONDS and not self.watch.requested)
 
     def _exit(self, signal_name: str) -> None:
         if self._closed.is_set():  # the run ended meanwhile: its own message is on the way
