@@ -1,4 +1,4 @@
-"""Run inside a private network namespace (`unshare -rn`, only `lo` up) by test_chaos.py: a 60-step run on a 2-node
+"""Run inside a private network namespace (`unshare -rn`, only `lo` up) by test_chaos.py: a 40-step run on a 2-node
 Ray cluster on 127.0.0.1 while an injector, at seeded random steps, SIGKILLs the worker node (raylet and workers),
 wedges a rollout engine (remote/faults.py), SIGKILLs the reward worker's process and starts a new node. Then
 the same run without faults, for the comparison.
@@ -29,7 +29,7 @@ from nodeloss_checks import FAST_HEALTH, last_step
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the pace reward function
 from pace_reward import install as install_pace  # noqa: E402
 
-STEPS = 60
+STEPS = 40
 
 
 def config(model_dir: str, work: Path, name: str):
@@ -50,11 +50,11 @@ def config(model_dir: str, work: Path, name: str):
 
 def schedule(seed: int) -> list[tuple[int, str]]:
     """(after step, fault), in step order: the node goes early (once an extra engine works on it), a new one comes
-    ~10 steps later; the wedge and the reward kill fall in the second half."""
+    4-7 steps later; the wedge and the reward kill fall in the second half."""
     rng = random.Random(seed)
-    kill = rng.randint(8, 14)
-    return sorted([(kill, "kill_node"), (kill + rng.randint(5, 9), "add_node"), (rng.randint(36, 44), "wedge_engine"),
-                   (rng.randint(48, 55), "kill_reward")])
+    kill = rng.randint(6, 10)
+    return sorted([(kill, "kill_node"), (kill + rng.randint(4, 7), "add_node"), (rng.randint(22, 28), "wedge_engine"),
+                   (rng.randint(32, 36), "kill_reward")])
 
 
 class Injector(threading.Thread):

@@ -1,4 +1,4 @@
-"""The chaos run (tests/topology/chaos_checks.py, in a private loopback network namespace): 60 steps on a 2-node Ray
+"""The chaos run (tests/topology/chaos_checks.py, in a private loopback network namespace): 40 steps on a 2-node Ray
 cluster while, at seeded random steps, the worker node is SIGKILLed, a new node is added, a rollout engine wedges
 and the reward worker is SIGKILLed. The run must finish by itself with every sample id of every step exactly once,
 and end where the same run without faults ends.
@@ -20,7 +20,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).parent
-STEPS, PROMPTS, GROUP = 60, 16, 8
+STEPS, PROMPTS, GROUP = 40, 16, 8
 SEED = int(os.environ.get("POSTTRAIN_CHAOS_SEED", "11"))
 
 
