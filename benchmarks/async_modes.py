@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import log_to, machine, md_table, median, read_json, round_order, write_json
+from common import log_to, md_table, median, read_json, run_seeded_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "real-model" / "config.yaml"
@@ -42,17 +42,22 @@ MODES = {
 
 
 def run_mode(mode: str, seed: int, steps: int) -> dict:
-    name = f"bench-async-{mode}-s{seed}"
+    return {"mode": mode, **run_example(f"bench-async-{mode}-s{seed}", seed, steps, MODES[mode])}
+
+
+def run_example(name: str, seed: int, steps: int, overrides: list[str]) -> dict:
+    """One `posttrain train` of the real-model example in a child process, `overrides` on top: its wall seconds
+    and summarize()'s figures, or its error and exit code."""
     overrides = [f"name={name}", f"seed={seed}", f"train.steps={steps}", "eval.every=5", "checkpoint.every=0",
-                 "logging.progress=false", *MODES[mode]]
+                 "logging.progress=false", *overrides]
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", str(CONFIG), *overrides], cwd=ROOT,
                           capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        return {"mode": mode, "seed": seed, "error": proc.stderr[-2000:], "exit": proc.returncode}
+        return {"seed": seed, "error": proc.stderr[-2000:], "exit": proc.returncode}
     records = [json.loads(line) for line in (ROOT / "runs" / name / "metrics.jsonl").read_text().splitlines()]
-    return {"mode": mode, "seed": seed, "wall_s": wall, **summarize(records)}
+    return {"seed": seed, "wall_s": wall, **summarize(records)}
 
 
 def summarize(records: list[dict]) -> dict:
@@ -71,6 +76,7 @@ def summarize(records: list[dict]) -> dict:
 
     return {"steps_s": sum(r["time/step"] for r in steps), "step_s_mean": mean_of("time/step"),
             "generate_exposed_s_mean": mean_of("time/generate"), "train_s_mean": mean_of("time/train"),
+            "logprob_gap_mean": mean_of("logprob_gap_mean"),
             "heldout": curve, "gain_step": gain_step, "step_s_to_gain": to_gain,
             **{k.split("/")[-1]: mean_of(k) for k in ("mismatch/k3_kl", "mismatch/ppl_ratio", "mismatch/capped_share",
                                                       "mismatch/masked_share", "rollout/staleness")}}
@@ -104,15 +110,8 @@ def main() -> None:
     if args.table:
         print(table(read_json(RESULTS)))
         return
-    results = read_json(RESULTS, default={"runs": []})
-    results["machine"] = machine("vllm", "torch")
-    for seed in args.seeds:
-        for mode in round_order(args.modes, seed):
-            log(f"{mode} seed {seed} ...")
-            got = run_mode(mode, seed, args.steps)
-            log(json.dumps({k: v for k, v in got.items() if k != "heldout"}))
-            results["runs"] = [r for r in results["runs"] if (r["mode"], r["seed"]) != (mode, seed)] + [got]
-            write_json(RESULTS, results)
+    results = run_seeded_rounds(RESULTS, args.modes, args.seeds, "mode",
+                                lambda mode, seed: run_mode(mode, seed, args.steps), log)
     print(table(results))
 
 

@@ -97,6 +97,22 @@ def read_json(path, default=None):
     return json.loads(path.read_text()) if path.exists() else default
 
 
+def run_seeded_rounds(results_path, sides, seeds, side_key: str, run_one, log) -> dict:
+    """`run_one(side, seed)` for every seed, the sides taking turns going first (round_order); each result goes
+    into the JSON at `results_path` as it comes (replacing an earlier one of that side and seed), so a benchmark
+    stopped part way keeps what it measured. Returns the results."""
+    results = read_json(results_path, default={"runs": []})
+    results["machine"] = machine("vllm", "torch")
+    for seed in seeds:
+        for side in round_order(sides, seed):
+            log(f"{side} seed {seed} ...")
+            got = run_one(side, seed)
+            log(json.dumps({k: v for k, v in got.items() if k != "heldout"}))
+            results["runs"] = [r for r in results["runs"] if (r[side_key], r["seed"]) != (side, seed)] + [got]
+            write_json(results_path, results)
+    return results
+
+
 def write_json(path, data, *, indent: int | None = 1, end: str = "\n") -> Path:
     """`data` as JSON at `path` (its folder made), written beside it and renamed over it, so a reader, or a
     benchmark stopped while writing, never sees half a file."""

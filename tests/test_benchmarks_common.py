@@ -92,3 +92,21 @@ def test_matched_builder_gives_both_sides_the_same_values():
 def test_matched_builtin_reward_leaves_posttrain_on_the_task_verifier():
     overrides = _matched(reward_builtin=True).posttrain_overrides()
     assert not [o for o in overrides if o.startswith("reward.")]
+
+
+def test_seeded_rounds_alternate_the_sides_and_keep_each_result_as_it_comes(tmp_path):
+    results_path = tmp_path / "r.json"
+    common.write_json(results_path, {"runs": [{"side": "a", "seed": 1, "v": "old"}, {"side": "b", "seed": 9}]})
+    order, on_disk = [], []
+
+    def run_one(side, seed):
+        order.append((side, seed))
+        on_disk.append(len(common.read_json(results_path)["runs"]))  # what a stopped benchmark would have kept
+        return {"side": side, "seed": seed, "v": f"{side}{seed}"}
+
+    results = common.run_seeded_rounds(results_path, ("a", "b"), [0, 1], "side", run_one, lambda msg: None)
+    assert order == [("a", 0), ("b", 0), ("b", 1), ("a", 1)]  # who goes first swaps every seed
+    assert on_disk == [2, 3, 4, 5]  # a: the old (a, 1) is replaced only when its rerun comes
+    assert sorted((r["side"], r["seed"], r.get("v")) for r in results["runs"]) == [
+        ("a", 0, "a0"), ("a", 1, "a1"), ("b", 0, "b0"), ("b", 1, "b1"), ("b", 9, None)]
+    assert common.read_json(results_path) == results and "machine" in results

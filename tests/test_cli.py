@@ -79,3 +79,38 @@ def test_train_joins_a_running_ray_cluster_with_the_hf_engine(tmp_path, warm_mod
         assert status.returncode == 0  # the cluster outlives the job: we joined it, we did not own it
     finally:
         subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env, timeout=120)
+
+
+@pytest.mark.integration
+def test_a_user_error_raised_in_an_actor_is_its_message_without_the_remote_traceback(capsys):
+    """Ray hands the driver an actor's exception as a RayTaskError made a subclass of it, whose text is the remote
+    traceback (the in-loop evaluator's family check reached a user that way); the CLI prints the error itself."""
+    import ray
+    import typer
+
+    from posttrain.cli.common import user_errors
+    from posttrain.config import load_config
+    from posttrain.errors import PosttrainError
+    from posttrain.orchestration.runtime import start_ray
+
+    @ray.remote
+    class Checker:
+        def check(self):
+            raise PosttrainError("suite addition: row 3 has no 'answer'", hint="add the column")
+
+    @user_errors
+    def command():
+        ray.get(Checker.remote().check.remote())
+
+    started = not ray.is_initialized()
+    start_ray(load_config(None, []).ray, 1)
+    try:
+        with pytest.raises(typer.Exit) as stopped:
+            command()
+    finally:
+        if started:
+            ray.shutdown()
+    err = " ".join(capsys.readouterr().err.split())
+    assert stopped.value.exit_code == 2
+    assert "error: suite addition: row 3 has no 'answer' -> add the column" in err, err
+    assert "Traceback" not in err and "File " not in err and "ray::" not in err, err

@@ -33,3 +33,17 @@ def test_a_resaved_tokenizer_is_the_same_family_and_a_changed_one_is_not(tiny_mo
     why = family_differences(tiny_model_dir, copy)
     assert why[0] == "config.json differs in rms_norm_eps"
     assert "vocabularies differ" in why[1]
+
+
+def test_the_dtype_weights_were_saved_in_is_not_another_family(tiny_model_dir, tmp_path):
+    """A model.dtype=bfloat16 run's checkpoints say "bfloat16" in config.json beside a float32 base: the in-loop
+    eval suites load them into the engine that scored the base (it casts the weights to its own dtype)."""
+    copy = tmp_path / "bf16-checkpoint"
+    shutil.copytree(tiny_model_dir, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(dtype="bfloat16", torch_dtype="bfloat16", transformers_version="0.0.1")
+    (copy / "config.json").write_text(json.dumps(config))
+    assert family_differences(tiny_model_dir, copy) == []
+    config["num_hidden_layers"] += 1  # what the model computes still counts
+    (copy / "config.json").write_text(json.dumps(config))
+    assert family_differences(tiny_model_dir, copy) == ["config.json differs in num_hidden_layers"]

@@ -7,3 +7,10 @@ class PosttrainError(Exception):
     def __init__(self, message: str, *, hint: str | None = None):
         self.hint = hint
         super().__init__(message if hint is None else f"{message}\n  -> {hint}")
+
+
+def user_message(error: PosttrainError) -> str:
+    """What the user is told. An error raised inside a Ray actor reaches the driver as Ray's RayTaskError made a
+    subclass of it, whose text is the remote traceback; its `cause` is the error the actor raised, message and hint."""
+    cause = getattr(error, "cause", None)
+    return str(cause) if isinstance(cause, PosttrainError) else str(error)

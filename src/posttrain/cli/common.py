@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from posttrain.errors import PosttrainError
+from posttrain.errors import PosttrainError, user_message
 
 console = Console()
 err_console = Console(stderr=True)
@@ -26,7 +26,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except PosttrainError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)  # paths stay whole for copy-paste
+            err_console.print(f"[bold red]error:[/] {user_message(e)}", highlight=False, soft_wrap=True)  # paths stay whole for copy-paste
             raise typer.Exit(EXIT_USER_ERROR)
 
     return wrapper

@@ -1,4 +1,4 @@
-"""Whether two HF model directories are one model family: the same config.json (but `_name_or_path`) and
+"""Whether two HF model directories are one model family: the same config.json (but its STORAGE_KEYS) and
 tokenizers that do the same thing. One engine can then serve both by loading the second one's weights.
 
 Compared by behaviour, not bytes: transformers re-serializes a tokenizer it saves, so every SFT output's
@@ -12,16 +12,20 @@ from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TOKENIZER_ATTRIBUTES = ("eos_token_id", "pad_token_id", "bos_token_id", "chat_template")
+# config.json keys that say where a directory came from and in which dtype its weights were saved, not what the
+# model computes: a model.dtype=bfloat16 run's checkpoints say "bfloat16" beside a float32 base, and an engine
+# loading their weights casts them to its own dtype.
+STORAGE_KEYS = frozenset({"_name_or_path", "dtype", "torch_dtype", "transformers_version"})
 
 
 def config_keys_that_differ(a: str | Path, b: str | Path) -> list[str]:
-    """The config.json keys whose values differ (ignoring `_name_or_path`); ["(unreadable)"] when either is."""
+    """The config.json keys whose values differ (but STORAGE_KEYS); ["(unreadable)"] when either is."""
     try:
         ca = json.loads((Path(a) / "config.json").read_text())
         cb = json.loads((Path(b) / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return ["(unreadable)"]
-    return sorted(k for k in set(ca) | set(cb) if k != "_name_or_path" and ca.get(k) != cb.get(k))
+    return sorted(k for k in set(ca) | set(cb) if k not in STORAGE_KEYS and ca.get(k) != cb.get(k))
 
 
 def tokenizer_difference(a: str | Path, b: str | Path, prompts: list | None = None) -> str | None:
