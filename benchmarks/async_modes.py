@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -50,6 +51,7 @@ def run_example(name: str, seed: int, steps: int, overrides: list[str]) -> dict:
     and summarize()'s figures, or its error and exit code."""
     overrides = [f"name={name}", f"seed={seed}", f"train.steps={steps}", "eval.every=5", "checkpoint.every=0",
                  "logging.progress=false", *overrides]
+    shutil.rmtree(ROOT / "runs" / name, ignore_errors=True)  # a rerun starts afresh (a failed one left its checkpoints)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", str(CONFIG), *overrides], cwd=ROOT,
                           capture_output=True, text=True)
@@ -100,19 +102,25 @@ def table(results: dict) -> str:
                      "step s to +10 points (per seed)", "k3 KL", "staleness", "capped / masked"], rows)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_main(doc: str, sides: dict, side_key: str, results_path: Path, table, run_one, log) -> None:
+    """The command line of a benchmark of real-model runs: --steps, --seeds, --<side_key>s (which of `sides` to
+    run), --table; `run_one(side, seed, steps)` per run, in run_seeded_rounds."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument(f"--{side_key}s", dest="sides", nargs="+", default=list(sides), choices=list(sides))
     p.add_argument("--table", action="store_true", help="print the docs table from the results file and exit")
     args = p.parse_args()
     if args.table:
-        print(table(read_json(RESULTS)))
+        print(table(read_json(results_path)))
         return
-    results = run_seeded_rounds(RESULTS, args.modes, args.seeds, "mode",
-                                lambda mode, seed: run_mode(mode, seed, args.steps), log)
+    results = run_seeded_rounds(results_path, args.sides, args.seeds, side_key,
+                                lambda side, seed: run_one(side, seed, args.steps), log)
     print(table(results))
+
+
+def main() -> None:
+    bench_main(__doc__, MODES, "mode", RESULTS, table, run_mode, log)
 
 
 if __name__ == "__main__":
