@@ -15,7 +15,6 @@ seed so that drift on a shared machine falls on every mode alike.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import log_to, md_table, median, read_json, run_seeded_rounds
+from common import bench_main, log_to, md_table, median
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "real-model" / "config.yaml"
@@ -100,23 +99,6 @@ def table(results: dict) -> str:
                      f"{median(r['capped_share'] for r in runs) or 0:.3f} / {median(r['masked_share'] for r in runs) or 0:.3f}"])
     return md_table(["mode", "seeds", "step s (median)", "steps s", "held-out start -> end (per seed)",
                      "step s to +10 points (per seed)", "k3 KL", "staleness", "capped / masked"], rows)
-
-
-def bench_main(doc: str, sides: dict, side_key: str, results_path: Path, table, run_one, log) -> None:
-    """The command line of a benchmark of real-model runs: --steps, --seeds, --<side_key>s (which of `sides` to
-    run), --table; `run_one(side, seed, steps)` per run, in run_seeded_rounds."""
-    p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument(f"--{side_key}s", dest="sides", nargs="+", default=list(sides), choices=list(sides))
-    p.add_argument("--table", action="store_true", help="print the docs table from the results file and exit")
-    args = p.parse_args()
-    if args.table:
-        print(table(read_json(results_path)))
-        return
-    results = run_seeded_rounds(results_path, args.sides, args.seeds, side_key,
-                                lambda side, seed: run_one(side, seed, args.steps), log)
-    print(table(results))
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from async_modes import bench_main, run_example
-from common import log_to, md_table, median
+from async_modes import run_example
+from common import bench_main, log_to, md_table, median
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bf16_learning.json"
 # each side: its overrides of the example's config. Pure bfloat16 weights round away AdamW updates below ~1/256 of

@@ -10,6 +10,7 @@ it as `common` (benchmarks/ is on the path when one runs: `python benchmarks/X.p
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -111,6 +112,23 @@ def run_seeded_rounds(results_path, sides, seeds, side_key: str, run_one, log) -
             results["runs"] = [r for r in results["runs"] if (r[side_key], r["seed"]) != (side, seed)] + [got]
             write_json(results_path, results)
     return results
+
+
+def bench_main(doc: str, sides: dict, side_key: str, results_path: Path, table, run_one, log) -> None:
+    """The command line of a benchmark of real-model runs: --steps, --seeds, --<side_key>s (which of `sides` to
+    run), --table; `run_one(side, seed, steps)` per run, in run_seeded_rounds."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(f"--{side_key}s", dest="sides", nargs="+", default=list(sides), choices=list(sides))
+    p.add_argument("--table", action="store_true", help="print the docs table from the results file and exit")
+    args = p.parse_args()
+    if args.table:
+        print(table(read_json(results_path)))
+        return
+    results = run_seeded_rounds(results_path, args.sides, args.seeds, side_key,
+                                lambda side, seed: run_one(side, seed, args.steps), log)
+    print(table(results))
 
 
 def write_json(path, data, *, indent: int | None = 1, end: str = "\n") -> Path:
