@@ -100,14 +100,14 @@ def read_json(path, default=None):
 
 def run_seeded_rounds(results_path, sides, seeds, side_key: str, run_one, log) -> dict:
     """`run_one(side, seed)` for every seed, the sides taking turns going first (round_order); each result goes
-    into the JSON at `results_path` as it comes (replacing an earlier one of that side and seed), so a benchmark
-    stopped part way keeps what it measured. Returns the results."""
+    into the JSON at `results_path` as it comes (replacing an earlier one of that side and seed), with the CPU it ran
+    on, so a benchmark stopped part way keeps what it measured. Returns the results."""
     results = read_json(results_path, default={"runs": []})
     results["machine"] = machine("vllm", "torch")
     for seed in seeds:
         for side in round_order(sides, seed):
             log(f"{side} seed {seed} ...")
-            got = run_one(side, seed)
+            got = {**run_one(side, seed), "cpu": results["machine"]["cpu"]}  # runs of one file may span machines
             log(json.dumps({k: v for k, v in got.items() if k != "heldout"}))
             results["runs"] = [r for r in results["runs"] if (r[side_key], r["seed"]) != (side, seed)] + [got]
             write_json(results_path, results)

@@ -49,6 +49,14 @@ def test_this_machines_flags_are_read():
     assert machine.describe_machine()["native_bf16"] is machine.has_native_bf16(flags)
 
 
+def test_the_cpu_is_named_with_its_family_and_model_which_a_vms_generic_name_hides():
+    cpuinfo = ["processor\t: 0", "vendor_id\t: GenuineIntel", "cpu family\t: 6", "model\t\t: 207",
+               "model name\t: Intel(R) Xeon(R) Processor", "processor\t: 1", "model\t\t: 1"]
+    assert machine.describe_cpuinfo(cpuinfo) == "Intel(R) Xeon(R) Processor (family 6 model 207)"
+    assert machine.describe_cpuinfo(["model name\t: AMD EPYC"]) == "AMD EPYC"
+    assert machine.describe_cpuinfo(["processor\t: 0"]) is None
+
+
 def test_auto_is_bfloat16_on_a_gpu_and_float32_on_cpu_and_the_rest_are_themselves():
     assert D.resolve_dtype("auto", cuda=True) == "bfloat16"
     assert D.resolve_dtype("auto", cuda=False) == "float32"

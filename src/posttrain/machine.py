@@ -13,13 +13,26 @@ KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTI
 
 
 def cpu_model() -> str:
-    """The CPU's model name as lscpu prints it (from /proc/cpuinfo), or platform.processor() elsewhere."""
+    """The CPU's model name as lscpu prints it (from /proc/cpuinfo) with its family and model numbers, which a
+    VM's generic name ('Intel(R) Xeon(R) Processor') hides; platform.processor() elsewhere."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor() or "unknown"
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
-                platform.processor() or "unknown")
+    return describe_cpuinfo(lines) or platform.processor() or "unknown"
+
+
+def describe_cpuinfo(lines: list[str]) -> str | None:
+    """'<model name> (family F model M)' from /proc/cpuinfo's lines (its first processor), or None without a name."""
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name")
+    if not name:
+        return None
+    numbers = [f"{key} {fields[field]}" for key, field in (("family", "cpu family"), ("model", "model")) if fields.get(field)]
+    return f"{name} ({' '.join(numbers)})" if numbers else name
 
 
 # CPU flags (as /proc/cpuinfo spells them) of native bfloat16 arithmetic: x86's AVX512-BF16 (Cooper Lake, Zen 4 and
