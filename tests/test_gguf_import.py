@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from real_model import smollm2_dir  # noqa: F401  (the session's one import of the real file)
-
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
 

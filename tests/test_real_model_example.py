@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from real_model import smollm2_dir  # noqa: F401
-
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 EXAMPLE = ROOT / "examples" / "real-model"
@@ -46,7 +44,7 @@ def _probe(tmp: Path, model: str, name: str, *extra: str) -> subprocess.Complete
 
 
 @pytest.mark.integration
-def test_probe_says_rl_works_on_the_example_and_not_on_the_tagged_task(tmp_path, smollm2_dir):  # noqa: F811
+def test_probe_says_rl_works_on_the_example_and_not_on_the_tagged_task(tmp_path, smollm2_dir):
     _make_data(tmp_path / "data")
     model = smollm2_dir[0]
     ok = _probe(tmp_path, model, "example")
