@@ -86,7 +86,7 @@ def summarize(records: list[dict]) -> dict:
 def table(results: dict) -> str:
     rows = []
     for mode in MODES:
-        runs = [r for r in results["runs"] if r["mode"] == mode and "error" not in r]
+        runs = sorted((r for r in results["runs"] if r["mode"] == mode and "error" not in r), key=lambda r: r["seed"])
         if not runs:
             continue
         last = [r["heldout"][max(r["heldout"], key=int)] for r in runs]
