@@ -12,7 +12,8 @@ it (GRPOConfig's arguments from it: common.trl_grpo_args), and optionally (bench
   "eval": {"problems": [{"prompt", "answer"}], "every": k, "max_new_tokens": m, "target_delta": d}
           greedy held-out accuracy (exact match of the stripped completion) before the first step and after every
           k-th; training stops at the first eval at or above the step-0 accuracy + d. Eval time is outside the
-          step times.
+          step times. With "reward": "file.py:function" (benchmarks/real_model_trl.py) the problems' prompts are
+          chat messages and the score is that function's mean over the greedy completions (reward_score).
 OUT: per-step wall seconds (on_step_begin -> on_step_end, generation included: TRL generates inside the step), the
 logged mean completion length of each step, every GRPOConfig field set to something other than TRL's default (so
 the results list exactly how TRL was configured), and with "eval" the accuracy curve and each step's split:
@@ -52,29 +53,47 @@ def non_default_settings(args, given: dict) -> dict:
             if k != "output_dir" and v != defaults.get(k)}
 
 
-def greedy_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int, batch_size: int = 256) -> float:
-    """Share of `problems` whose greedy completion, cut at EOS/pad and stripped, equals the stripped answer (the
-    addition task's exact verifier, as posttrain scores its held-out set). Prompts are tokenized without special
-    tokens, as posttrain's PromptEncoder does for a tokenizer without a chat template."""
+def greedy_texts(model, tokenizer, texts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+    """The greedy completion of each of `texts` (tokenized without special tokens, left-padded, in batches), cut at
+    EOS/pad and decoded."""
     import torch
 
     was_training = model.training
     model.eval()
     stop = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    solved = 0
+    completions = []
     with torch.no_grad():
-        for i in range(0, len(problems), batch_size):
-            chunk = problems[i:i + batch_size]
-            enc = tokenizer([p["prompt"] for p in chunk], add_special_tokens=False, padding=True,
-                            padding_side="left", return_tensors="pt")
+        for i in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[i:i + batch_size], add_special_tokens=False, padding=True, padding_side="left",
+                            return_tensors="pt")
             out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-            for p, ids in zip(chunk, out[:, enc["input_ids"].shape[1]:].tolist()):
+            for ids in out[:, enc["input_ids"].shape[1]:].tolist():
                 cut = next((j for j, t in enumerate(ids) if t in stop), len(ids))
-                text = tokenizer.decode(ids[:cut], skip_special_tokens=True)
-                solved += text.strip() == p["answer"].strip()
+                completions.append(tokenizer.decode(ids[:cut], skip_special_tokens=True))
     model.train(was_training)
-    return solved / len(problems)
+    return completions
+
+
+def greedy_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int, batch_size: int = 256) -> float:
+    """Share of `problems` whose greedy completion, stripped, equals the stripped answer (the addition task's exact
+    verifier, as posttrain scores its held-out set). Prompts are tokenized without special tokens, as posttrain's
+    PromptEncoder does for a tokenizer without a chat template."""
+    texts = greedy_texts(model, tokenizer, [p["prompt"] for p in problems], max_new_tokens, batch_size)
+    return sum(t.strip() == p["answer"].strip() for t, p in zip(texts, problems)) / len(problems)
+
+
+def reward_score(model, tokenizer, problems: list[dict], max_new_tokens: int, reward, batch_size: int = 64) -> float:
+    """Mean of `reward` (TRL's reward_funcs form) over the greedy completions of `problems`' chat prompts (lists of
+    messages, rendered with the tokenizer's chat template and the generation prompt, as TRL and posttrain render
+    them), each given as one assistant message: the real-model example's held-out eval (posttrain's runs the same
+    rule as its verifier)."""
+    rendered = [tokenizer.apply_chat_template(p["prompt"], add_generation_prompt=True, tokenize=False)
+                for p in problems]
+    texts = greedy_texts(model, tokenizer, rendered, max_new_tokens, batch_size)
+    scores = reward(prompts=[p["prompt"] for p in problems], answer=[p["answer"] for p in problems],
+                    completions=[[{"role": "assistant", "content": t}] for t in texts])
+    return sum(scores) / len(problems)
 
 
 def time_phases(trainer) -> dict:
@@ -131,7 +150,8 @@ def main(spec_path: str, out_path: str) -> int:
 
         def evaluate(self, model, step: int) -> float:
             t = time.perf_counter()
-            acc = greedy_accuracy(model, tokenizer, ev["problems"], ev["max_new_tokens"])
+            acc = (reward_score(model, tokenizer, ev["problems"], ev["max_new_tokens"], load_reward(ev["reward"]))
+                   if ev.get("reward") else greedy_accuracy(model, tokenizer, ev["problems"], ev["max_new_tokens"]))
             self.eval_seconds += time.perf_counter() - t
             self.curve.append({"step": step, "accuracy": acc, "train_seconds": sum(self.seconds),
                                "eval_seconds": time.perf_counter() - t})

@@ -110,3 +110,45 @@ def test_seeded_rounds_alternate_the_sides_and_keep_each_result_as_it_comes(tmp_
     assert sorted((r["side"], r["seed"], r.get("v")) for r in results["runs"]) == [
         ("a", 0, "a0"), ("a", 1, "a1"), ("b", 0, "b0"), ("b", 1, "b1"), ("b", 9, None)]
     assert common.read_json(results_path) == results and "machine" in results
+    assert {r.get("cpu") for r in results["runs"] if r["seed"] != 9} == {results["machine"]["cpu"]}  # each run's CPU
+
+
+def _benchmark(name: str):
+    """benchmarks/<name>.py as a module; it imports `common` (and its siblings) as a benchmark run does."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_the_suite_time_report_sums_each_file_from_a_junit_report(tmp_path):
+    suite_time = _benchmark("suite_time")
+    report = tmp_path / "report.xml"
+    report.write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1" '
+        'skipped="0" tests="4" time="100.5">'
+        '<testcase classname="tests.test_a" name="test_one" time="10.0"/>'
+        '<testcase classname="tests.test_a" name="test_two[x]" time="2.5"><failure message="m"/></testcase>'
+        '<testcase classname="tests.evals.test_b.TestGroup" name="test_three" time="40.0"/>'
+        '<testcase classname="tests.evals.test_b" name="test_four" time="0.25"><error message="e"/></testcase>'
+        '</testsuite></testsuites>')
+    got = suite_time.read_report(report)
+    assert (got["wall_s"], got["tests"], got["failures"]) == (100.5, 4, 2)
+    assert got["files"] == {"tests/evals/test_b.py": 40.25, "tests/test_a.py": 12.5}  # costliest first
+    assert list(got["files"]) == ["tests/evals/test_b.py", "tests/test_a.py"]
+    assert list(got["slowest"].items())[0] == ("tests/evals/test_b.py::test_three", 40.0)
+
+
+def test_the_real_model_comparison_reads_the_first_step_ten_points_above_the_start_and_the_seconds_until_it():
+    real_model_trl = _benchmark("real_model_trl")
+    step_seconds = {1: 10.0, 2: 12.0, 3: 11.0, 4: 9.0, 5: 30.0}
+    got = real_model_trl.gain({0: 0.2, 2: 0.25, 4: 0.3, 6: 0.9}, step_seconds)  # 0.3 == 0.2 + 0.10 up to rounding
+    assert (got["gain_step"], got["step_s_to_gain"]) == (4, 42.0)  # 10 + 12 + 11 + 9
+    assert got["step_s_median"] == 11.0 and got["steps_run"] == 5
+    assert got["heldout"] == {"0": 0.2, "2": 0.25, "4": 0.3, "6": 0.9}
+    never = real_model_trl.gain({0: 0.2, 2: 0.29}, step_seconds)
+    assert never["gain_step"] is None and never["step_s_to_gain"] is None

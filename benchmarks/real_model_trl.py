@@ -1,0 +1,128 @@
+"""Time to the real-model example's gain, posttrain against TRL's GRPOTrainer (issue #32, item 7): SmolLM2-135M-
+Instruct (runs/smollm2) on the example's single-digit additions, the same prompts in the same order (posttrain's
+sampler draws them; TRL gets them as its dataset, unshuffled), the same reward function (examples/real-model/
+rewards.py:correct, TRL's conversational form, called unchanged by both), group size, completion length, learning
+rate and the other matched settings (common.Matched, from the example's config). Per run: the held-out curve
+(greedy, the example's 124 held-out pairs, the same rule on both sides: the completion's last number is the
+answer) every EVERY steps, the first step at or above the start + 10 points, the step seconds spent until then
+(evals and start-up outside, on both sides) and the step split.
+
+    python benchmarks/real_model_trl.py [--steps 10] [--seeds 0 1 2] [--sides posttrain trl] [--table]
+
+Needs what benchmarks/async_modes.py needs (runs/smollm2 and the example's data); TRL runs in its own venv
+(common.ensure_trl_venv). The sides take turns going first each seed. Writes benchmarks/results/real_model_trl.json;
+the README row and docs/real-models.md's table are made from it (--table).
+
+Deliberate differences, each posttrain's default: posttrain generates with vLLM, TRL with transformers `generate`
+(TRL's vLLM mode needs a GPU); posttrain drops groups whose rewards are all equal from the loss, TRL keeps them with
+advantage 0 (their tokens count in its token mean). posttrain stops at the step cap, TRL at the target (its callback).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from async_modes import CONFIG, ROOT, run_example
+from common import Matched, bench_main, ensure_trl_venv, log_to, md_table, median, problem_rows, run_trl, step_batches
+
+RESULTS = Path(__file__).resolve().parent / "results" / "real_model_trl.json"
+SIDES = {"posttrain": "vLLM rollout, skips groups without signal", "trl": "GRPOTrainer, transformers generate"}
+EVERY, DELTA, THREADS = 2, 0.10, 2
+log = log_to("real-trl")
+
+
+def matched(seed: int):
+    """The matched settings, read from the example's config (run from the repository root: its paths are relative),
+    and the config itself."""
+    from posttrain.config import load_config
+
+    os.chdir(ROOT)
+    cfg = load_config(CONFIG, [f"seed={seed}"])
+    fn = cfg.reward.functions[0].fn  # examples/real-model/rewards.py:correct
+    a = cfg.algorithm
+    return Matched(prompts_per_step=a.prompts_per_step, group_size=a.group_size,
+                   max_new_tokens=cfg.rollout.max_new_tokens, kl_coef=a.kl_coef, lr=a.lr, clip_eps=a.clip_eps,
+                   torch_threads=THREADS, seed=seed, reward=str(ROOT / fn),
+                   reward_builtin=True), cfg  # the example's config already makes the function its reward
+
+
+def run_side(side: str, seed: int, steps: int) -> dict:
+    m, cfg = matched(seed)
+    return {"side": side, **(run_posttrain(m, seed, steps) if side == "posttrain" else run_trl_side(m, cfg, seed, steps))}
+
+
+def run_posttrain(m: Matched, seed: int, steps: int) -> dict:
+    """`posttrain train` of the example with the matched settings, a held-out eval every EVERY steps (the loop's
+    own, outside time/step; no checkpoint suites, whose evaluator would share the cores)."""
+    import json
+
+    name = f"bench-real-trl-posttrain-s{seed}"
+    got = run_example(name, seed, steps, [*m.posttrain_overrides(), f"eval.every={EVERY}", "eval.suites=[]"])
+    if "error" in got:
+        return got
+    records = [json.loads(line) for line in (ROOT / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+    curve = {r["step"]: r["eval/heldout_accuracy"] for r in records if "eval/heldout_accuracy" in r}
+    step_s = {r["step"]: r["time/step"] for r in records if "time/step" in r}
+    split = {k: median(r.get(f"time/{k}") for r in records if "time/step" in r)
+             for k in ("generate", "reward", "train", "sync")}
+    return {"seed": seed, "wall_s": got["wall_s"], **gain(curve, step_s), "split_median_s": split}
+
+
+def run_trl_side(m: Matched, cfg, seed: int, steps: int) -> dict:
+    """TRL's GRPOTrainer (benchmarks/perf_trl.py in its venv) on the same batches, evaluating every EVERY steps and
+    stopping at the target."""
+    task, batches = step_batches(cfg.task, seed, m.prompts_per_step, steps)
+    work = ROOT / "runs" / f"bench-real-trl-trl-s{seed}"
+    work.mkdir(parents=True, exist_ok=True)
+    spec = m.trl_spec(str(ROOT / cfg.model.path), batches, work / "out", eval={
+        "problems": problem_rows(task.heldout), "every": EVERY, "max_new_tokens": cfg.eval.max_new_tokens,
+        "target_delta": DELTA, "reward": m.reward})
+    res = run_trl(ensure_trl_venv(log=log), spec, work)
+    curve = {e["step"]: e["accuracy"] for e in res["eval"]["curve"]}
+    step_s = {i + 1: s for i, s in enumerate(res["step_seconds"])}
+    keys = ("generate", "reward", "reference", "train")
+    split = {k: median(s[k] for s in res["step_split_seconds"] or []) for k in keys}
+    return {"seed": seed, "wall_s": res["wall_seconds"], **gain(curve, step_s), "split_median_s": split,
+            "trl_settings": res["non_default_settings"], "versions": res["versions"]}
+
+
+def gain(curve: dict, step_seconds: dict) -> dict:
+    """From the held-out curve {step: score} (step 0 = the start) and each step's seconds: the first step at or above
+    the start + DELTA, the step seconds summed up to it, and the median step."""
+    start = curve[0]
+    hit = next((s for s in sorted(curve) if s > 0 and curve[s] >= start + DELTA - 1e-9), None)
+    return {"heldout": {str(s): v for s, v in sorted(curve.items())}, "gain_step": hit,
+            "step_s_to_gain": sum(v for s, v in step_seconds.items() if s <= hit) if hit else None,
+            "step_s_median": median(step_seconds.values()), "steps_run": len(step_seconds)}
+
+
+def table(results: dict) -> str:
+    rows, by_seed = [], {}
+    for side in SIDES:
+        runs = sorted((r for r in results["runs"] if r["side"] == side and "error" not in r), key=lambda r: r["seed"])
+        for r in runs:
+            by_seed.setdefault(r["seed"], {})[side] = r["step_s_to_gain"]
+        if runs:
+            rows.append([side, " / ".join(str(r["seed"]) for r in runs),
+                         " / ".join(f"{r['heldout']['0']:.3f} -> {max(r['heldout'].values()):.3f}" for r in runs),
+                         " / ".join(str(r["gain_step"]) for r in runs),
+                         " / ".join(str(r["step_s_to_gain"] and round(r["step_s_to_gain"])) for r in runs),
+                         f"{median(r['step_s_median'] for r in runs):.1f}",
+                         " / ".join(f"{k} {median(r['split_median_s'][k] for r in runs) or 0:.1f}"
+                                    for k in runs[0]["split_median_s"])])
+    ratios = [s["posttrain"] / s["trl"] for s in by_seed.values() if s.get("posttrain") and s.get("trl")]
+    out = md_table(["side", "seeds", "held-out start -> best (per seed)", "step of +10 points", "step s to +10 points",
+                    "step s (median)", "step split, median s"], rows)
+    if ratios:
+        out += (f"\n\nposttrain / TRL, step seconds to +10 points: median {median(ratios):.2f} "
+                f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} seeds")
+    return out
+
+
+def main() -> None:
+    bench_main(__doc__, SIDES, "side", RESULTS, table, run_side, log)
+
+
+if __name__ == "__main__":
+    main()
