@@ -143,12 +143,18 @@ def test_the_suite_time_report_sums_each_file_from_a_junit_report(tmp_path):
     assert list(got["slowest"].items())[0] == ("tests/evals/test_b.py::test_three", 40.0)
 
 
-def test_the_real_model_comparison_reads_the_first_step_ten_points_above_the_start_and_the_seconds_until_it():
+def test_the_real_model_comparison_reads_the_first_step_at_the_target_and_the_seconds_until_it():
     real_model_trl = _benchmark("real_model_trl")
     step_seconds = {1: 10.0, 2: 12.0, 3: 11.0, 4: 9.0, 5: 30.0}
-    got = real_model_trl.gain({0: 0.2, 2: 0.25, 4: 0.3, 6: 0.9}, step_seconds)  # 0.3 == 0.2 + 0.10 up to rounding
+    curve = {0: 0.2, 2: 0.25, 4: 0.3, 6: 0.9}
+    got = real_model_trl.gain(curve, step_seconds, 0.10)  # 0.3 == 0.2 + 0.10 up to rounding
     assert (got["gain_step"], got["step_s_to_gain"]) == (4, 42.0)  # 10 + 12 + 11 + 9
     assert got["step_s_median"] == 11.0 and got["steps_run"] == 5
     assert got["heldout"] == {"0": 0.2, "2": 0.25, "4": 0.3, "6": 0.9}
-    never = real_model_trl.gain({0: 0.2, 2: 0.29}, step_seconds)
+    never = real_model_trl.gain({0: 0.2, 2: 0.29}, step_seconds, 0.10)
     assert never["gain_step"] is None and never["step_s_to_gain"] is None
+    # a recorded run (str keys, as read back from JSON) timed at another target: +50 points first at step 6
+    recorded = {**got, "heldout": {"0": 0.2, "2": 0.25, "4": 0.3, "6": 0.9},
+                "step_seconds": {"1": 10.0, "2": 12.0, "3": 11.0, "4": 9.0, "5": 30.0, "6": 8.0}}
+    plus50 = real_model_trl.at_target(recorded, 0.50)
+    assert (plus50["gain_step"], plus50["step_s_to_gain"], plus50["target_delta"]) == (6, 80.0, 0.50)
