@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import bench_main, log_to, md_table, median
+from common import bench_main, first_at_target, log_to, md_table, median
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "real-model" / "config.yaml"
@@ -45,9 +45,10 @@ def run_mode(mode: str, seed: int, steps: int) -> dict:
     return {"mode": mode, **run_example(f"bench-async-{mode}-s{seed}", seed, steps, MODES[mode])}
 
 
-def run_example(name: str, seed: int, steps: int, overrides: list[str]) -> dict:
+def run_example(name: str, seed: int, steps: int, overrides: list[str], summarize_records=None) -> dict:
     """One `posttrain train` of the real-model example in a child process, `overrides` on top: its wall seconds
-    and summarize()'s figures, or its error and exit code."""
+    and the figures `summarize_records` (default: summarize) makes of its metrics records, or its error and exit
+    code."""
     overrides = [f"name={name}", f"seed={seed}", f"train.steps={steps}", "eval.every=5", "checkpoint.every=0",
                  "logging.progress=false", *overrides]
     shutil.rmtree(ROOT / "runs" / name, ignore_errors=True)  # a rerun starts afresh (a failed one left its checkpoints)
@@ -58,18 +59,13 @@ def run_example(name: str, seed: int, steps: int, overrides: list[str]) -> dict:
     if proc.returncode != 0:
         return {"seed": seed, "error": proc.stderr[-2000:], "exit": proc.returncode}
     records = [json.loads(line) for line in (ROOT / "runs" / name / "metrics.jsonl").read_text().splitlines()]
-    return {"seed": seed, "wall_s": wall, **summarize(records)}
+    return {"seed": seed, "wall_s": wall, **(summarize_records or summarize)(records)}
 
 
 def summarize(records: list[dict]) -> dict:
     steps = [r for r in records if "time/step" in r]
-    curve = {str(r["step"]): r["eval/score"] for r in records if "eval/score" in r}  # str keys, as JSON keeps them
-    start = curve.get("0")
-    elapsed, to_gain, gain_step = 0.0, None, None
-    for r in steps:
-        elapsed += r["time/step"]
-        if gain_step is None and start is not None and curve.get(str(r["step"]), -1) >= start + 0.10:
-            gain_step, to_gain = r["step"], elapsed
+    curve = {r["step"]: r["eval/score"] for r in records if "eval/score" in r}
+    gain_step, to_gain = first_at_target(curve, {r["step"]: r["time/step"] for r in steps}, 0.10)
 
     def mean_of(key):
         values = [r[key] for r in steps if r.get(key) is not None]
@@ -78,7 +74,8 @@ def summarize(records: list[dict]) -> dict:
     return {"steps_s": sum(r["time/step"] for r in steps), "step_s_mean": mean_of("time/step"),
             "generate_exposed_s_mean": mean_of("time/generate"), "train_s_mean": mean_of("time/train"),
             "logprob_gap_mean": mean_of("logprob_gap_mean"),
-            "heldout": curve, "gain_step": gain_step, "step_s_to_gain": to_gain,
+            "heldout": {str(k): v for k, v in curve.items()},  # str keys, as JSON keeps them
+            "gain_step": gain_step, "step_s_to_gain": to_gain,
             **{k.split("/")[-1]: mean_of(k) for k in ("mismatch/k3_kl", "mismatch/ppl_ratio", "mismatch/capped_share",
                                                       "mismatch/masked_share", "rollout/staleness")}}
 

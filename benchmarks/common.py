@@ -43,6 +43,15 @@ def round_order(items, r: int) -> tuple:
     return tuple(items[k:]) + tuple(items[:k])
 
 
+def first_at_target(curve: dict, step_seconds: dict, delta: float) -> tuple:
+    """(the first step > 0 whose held-out score in `curve` {step: score} is at or above the start's, curve[0], plus
+    `delta`, within float rounding; the seconds of `step_seconds` {step: s} summed up to it), or (None, None) when
+    no step reaches it or the curve has no start."""
+    start = curve.get(0)
+    hit = None if start is None else next((s for s in sorted(curve) if s > 0 and curve[s] >= start + delta - 1e-9), None)
+    return hit, (sum(v for s, v in step_seconds.items() if s <= hit) if hit else None)
+
+
 def round_ratios(numerators, denominators) -> list[float]:
     """Each round's ratio: a side's value over the other side's value of the same round."""
     return [a / b for a, b in zip(numerators, denominators)]

@@ -25,7 +25,8 @@ import os
 from pathlib import Path
 
 from async_modes import CONFIG, ROOT, run_example
-from common import Matched, bench_main, ensure_trl_venv, log_to, md_table, median, problem_rows, run_trl, step_batches
+from common import (Matched, bench_main, ensure_trl_venv, first_at_target, log_to, md_table, median, problem_rows,
+                    run_trl, step_batches)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "real_model_trl.json"
 SIDES = {"posttrain": "vLLM rollout, skips groups without signal, runs every step to the cap",
@@ -38,11 +39,9 @@ log = log_to("real-trl")
 
 
 def matched(seed: int):
-    """The matched settings, read from the example's config (run from the repository root: its paths are relative),
-    and the config itself."""
+    """The matched settings, read from the example's config, and the config itself."""
     from posttrain.config import load_config
 
-    os.chdir(ROOT)
     cfg = load_config(CONFIG, [f"seed={seed}"])
     fn = cfg.reward.functions[0].fn  # examples/real-model/rewards.py:correct
     a = cfg.algorithm
@@ -62,18 +61,16 @@ def run_side(side: str, seed: int, steps: int) -> dict:
 def run_posttrain(m: Matched, seed: int, steps: int) -> dict:
     """`posttrain train` of the example with the matched settings, a held-out eval every EVERY steps (the loop's
     own, outside time/step; no checkpoint suites, whose evaluator would share the cores)."""
-    import json
+    return run_example(f"bench-real-trl-posttrain-s{seed}", seed, steps,
+                       [*m.posttrain_overrides(), f"eval.every={EVERY}", "eval.suites=[]"], summarize_posttrain)
 
-    name = f"bench-real-trl-posttrain-s{seed}"
-    got = run_example(name, seed, steps, [*m.posttrain_overrides(), f"eval.every={EVERY}", "eval.suites=[]"])
-    if "error" in got:
-        return got
-    records = [json.loads(line) for line in (ROOT / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+
+def summarize_posttrain(records: list[dict]) -> dict:
+    """A posttrain run's metrics records as gain()'s figures at +10 points and the median step split."""
+    steps = [r for r in records if "time/step" in r]
     curve = {r["step"]: r["eval/heldout_accuracy"] for r in records if "eval/heldout_accuracy" in r}
-    step_s = {r["step"]: r["time/step"] for r in records if "time/step" in r}
-    split = {k: median(r.get(f"time/{k}") for r in records if "time/step" in r)
-             for k in ("generate", "reward", "train", "sync")}
-    return {"seed": seed, "wall_s": got["wall_s"], **gain(curve, step_s, TARGETS["trl"]), "split_median_s": split}
+    split = {k: median(r.get(f"time/{k}") for r in steps) for k in ("generate", "reward", "train", "sync")}
+    return {**gain(curve, {r["step"]: r["time/step"] for r in steps}, TARGETS["trl"]), "split_median_s": split}
 
 
 def run_trl_side(m: Matched, cfg, seed: int, steps: int, delta: float) -> dict:
@@ -98,10 +95,9 @@ def gain(curve: dict, step_seconds: dict, delta: float) -> dict:
     """From the held-out curve {step: score} (step 0 = the start) and each step's seconds {step: s}: the first step at
     or above the start + `delta`, the step seconds summed up to it, the median step, and both inputs (str keys, as
     JSON keeps them)."""
-    start = curve[0]
-    hit = next((s for s in sorted(curve) if s > 0 and curve[s] >= start + delta - 1e-9), None)
+    hit, seconds = first_at_target(curve, step_seconds, delta)
     return {"heldout": {str(s): v for s, v in sorted(curve.items())}, "target_delta": delta, "gain_step": hit,
-            "step_s_to_gain": sum(v for s, v in step_seconds.items() if s <= hit) if hit else None,
+            "step_s_to_gain": seconds,
             "step_s_median": median(step_seconds.values()), "steps_run": len(step_seconds),
             "step_seconds": {str(s): v for s, v in sorted(step_seconds.items())}}
 
@@ -139,6 +135,7 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
+    os.chdir(ROOT)  # the example's config names its model and data relative to the repository root
     bench_main(__doc__, SIDES, "side", RESULTS, table, run_side, log)
 
 
