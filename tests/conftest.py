@@ -185,6 +185,25 @@ def tools_sft_model(tmp_path_factory):
     return cfg, sft.out_dir
 
 
+@pytest.fixture(scope="module")
+def ray_session():
+    """One embedded Ray cluster for a test module's in-process runs, started as `train` starts one (8 logical CPUs:
+    the largest run of any module fits). A run that finds Ray up uses it and leaves it up, so the module pays Ray's
+    start (~4 s on 2 cores) and stop (~1.5 s) once, not per run; its actors and placement groups go with the run.
+    Yields the ray module. Not for runs whose test is about Ray's own start, stop or environment (those start their
+    own, as the CLI does)."""
+    import ray
+
+    from posttrain.config import RayConfig
+    from posttrain.orchestration.runtime import start_ray, stop_ray
+
+    started = not ray.is_initialized()
+    start_ray(RayConfig(num_cpus=8), 8)
+    yield ray
+    if started:
+        stop_ray()
+
+
 @pytest.fixture
 def release_vllm_groups():
     """For a test that builds an in-process vLLM engine: afterwards the engine is collected and vLLM's and torch's

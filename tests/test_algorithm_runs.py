@@ -85,16 +85,6 @@ def test_window_gain_z_by_hand():
     assert gain == 4 and z == pytest.approx(3.0984, abs=1e-4)
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    from posttrain.config import RayConfig
-    from posttrain.orchestration.runtime import start_ray, stop_ray
-
-    start_ray(RayConfig(num_cpus=4), 4)
-    yield
-    stop_ray()
-
-
 @pytest.mark.parametrize("name", bench.ONLINE)
 def test_online_algorithm_raises_its_reward(name, ray_session, warm_model_dir, tmp_path):
     from posttrain.tracking import read_metrics

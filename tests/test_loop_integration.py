@@ -45,7 +45,7 @@ def _weights(ckpt_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def straight_run(tmp_path_factory, warm_model_dir):
+def straight_run(tmp_path_factory, warm_model_dir, ray_session):
     tmp = tmp_path_factory.mktemp("runs")
     cfg = _cfg(tmp, warm_model_dir, "straight", "train.steps=4")
     summary = train(cfg, progress=False)
@@ -80,7 +80,7 @@ def test_short_run_with_two_workers_trains_and_records_everything(straight_run):
     assert any(not (w2[k] == w4[k]).all() for k in w2)
 
 
-def test_resume_restores_step_cursor_and_weights(tmp_path, straight_run, warm_model_dir):
+def test_resume_restores_step_cursor_and_weights(tmp_path, straight_run, warm_model_dir, ray_session):
     ref_cfg, _ = straight_run
     cfg = _cfg(tmp_path, warm_model_dir, "resumed", "train.steps=2")
     train(cfg, progress=False)
@@ -120,7 +120,7 @@ def test_train_refuses_to_overwrite_checkpoints(straight_run):
         train(cfg, progress=False)
 
 
-def test_stop_at_accuracy_ends_the_run_at_the_first_eval_that_reaches_it(tmp_path, warm_model_dir):
+def test_stop_at_accuracy_ends_the_run_at_the_first_eval_that_reaches_it(tmp_path, warm_model_dir, ray_session):
     """eval.stop_at_accuracy: the run checkpoints and ends at the first periodic eval at or above the target (here
     any solved held-out problem), not at train.steps; summary.json says where."""
     cfg = _cfg(tmp_path, warm_model_dir, "stop-at", "train.steps=4", "eval.every=1", "eval.stop_at_accuracy=0.001",

@@ -53,16 +53,6 @@ def _weights(run_dir: Path, step: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    from posttrain.config import RayConfig
-    from posttrain.orchestration.runtime import start_ray, stop_ray
-
-    start_ray(RayConfig(num_cpus=4), 4)
-    yield
-    stop_ray()
-
-
-@pytest.fixture(scope="module")
 def straight(tmp_path_factory, tools_sft_model, ray_session):
     _, model_dir = tools_sft_model
     cfg = _cfg(tmp_path_factory.mktemp("mt-runs"), model_dir, "straight")

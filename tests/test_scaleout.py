@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load as load_bytes
 
-from posttrain.config import RayConfig, load_config
+from posttrain.config import load_config
 from posttrain import checkpoint as ckpt
 from posttrain.training.accumulation import loss_share
 from posttrain.training.distributed import rank_rows
@@ -63,17 +63,6 @@ def test_ranks_get_bundles_and_the_plan_spreads_them_over_policy_devices(tiny_mo
     slots = placement_for_run(cfg).actors
     assert (slots["trainer"].group, slots["trainer"].bundle) == (0, 0)
     assert (slots["trainer1"].group, slots["trainer1"].bundle) == (1, 0)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from posttrain.orchestration.runtime import start_ray, stop_ray
-
-    start_ray(RayConfig(num_cpus=8), 8)
-    yield ray
-    stop_ray()
 
 
 def _cfg(model_dir: str, *extra: str):

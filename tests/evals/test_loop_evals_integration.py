@@ -40,20 +40,6 @@ suites:
 """
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from posttrain.config import RayConfig
-    from posttrain.orchestration.runtime import start_ray, stop_ray
-
-    started = not ray.is_initialized()
-    start_ray(RayConfig(num_cpus=4), 4)
-    yield
-    if started:
-        stop_ray()
-
-
 def _cfg(tmp, model_dir, name, *extra):
     return load_config(None, [
         f"name={name}", f"runs_dir={tmp}", f"model.path={model_dir}", "rollout.engine=hf", "algorithm.prompts_per_step=8",

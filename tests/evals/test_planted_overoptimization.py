@@ -43,7 +43,7 @@ def length_biased_pairs(problems, n_pairs: int, label_noise: float, seed: int) -
 
 
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory, warm_model_dir):
+def planted(tmp_path_factory, warm_model_dir, ray_session):
     from posttrain.loop import train
     from posttrain.rewards.preferences import write_jsonl
     from posttrain.training.rm import train_reward_model

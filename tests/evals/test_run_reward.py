@@ -136,7 +136,7 @@ def test_run_reward_needs_a_run(tmp_path, tiny_model_dir, runner, args, expect):
 
 
 @pytest.mark.integration
-def test_a_run_with_eval_suites_run_reward_gates_on_its_own_reward(tmp_path, tiny_model_dir):
+def test_a_run_with_eval_suites_run_reward_gates_on_its_own_reward(tmp_path, tiny_model_dir, ray_session):
     """The real loop: Ray, the evaluator actor resolving run_reward against the run being trained (its config.yaml
     and functions), eval/run_reward/<source>/mean in metrics.jsonl for the starting model (step 0) and the final
     checkpoint, which is gated against step 0; best.json pointing at the final checkpoint; a resume evaluates the
