@@ -1,7 +1,8 @@
 """LoRA in the real loop (real Ray, a real vLLM rollout worker): a GRPO run with a KL term has no reference actor
 (the trainer answers with its adapters off), syncs only the adapted layers and checkpoints the adapter in peft's
-format; stopped after 2 steps and resumed for 2 more it ends with the straight run's adapter, bit for bit; its
-checkpoint exports as a merged model that transformers and vLLM load. PPO: policy LoRA beside a full critic."""
+format; its checkpoint exports as a merged model that transformers and vLLM load. Stopped after 2 steps and resumed
+for 2 more, a run ends with the straight run's adapter: compared in float64 on the hf engine (F64_TOL,
+tests/numerics_bounds.py). PPO: policy LoRA beside a full critic."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from numerics_bounds import F64_TOL
 from posttrain.config import load_config
 from posttrain.loop import train
 from posttrain.topology.placement import role_bundles
@@ -21,6 +23,7 @@ from posttrain import checkpoint as ckpt
 pytestmark = pytest.mark.integration
 
 ADAPTER = "adapter/adapter_model.safetensors"
+FLOAT64 = ("model.dtype=float64", "rollout.engine=hf")  # vLLM has no float64
 
 
 def _cfg(tmp_path: Path, model_dir: str, name: str, *extra: str):
@@ -34,7 +37,7 @@ def _cfg(tmp_path: Path, model_dir: str, name: str, *extra: str):
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory, warm_model_dir):
+def straight(tmp_path_factory, warm_model_dir, ray_session):
     cfg = _cfg(tmp_path_factory.mktemp("lora_runs"), warm_model_dir, "straight", "train.steps=4")
     return cfg, train(cfg, progress=False)
 
@@ -55,18 +58,35 @@ def test_lora_run_uses_the_trainers_base_as_reference_and_syncs_the_engines(stra
     assert any(not torch.equal(a2[k], a4[k]) for k in a2)
 
 
-def test_lora_resume_ends_with_the_straight_runs_adapter(tmp_path, straight, warm_model_dir):
-    ref_cfg, _ = straight
-    cfg = _cfg(tmp_path, warm_model_dir, "resumed", "train.steps=2")
+# Why float64 (tests/numerics_bounds.py): two fresh float32 runs of this config on an Intel Xeon (family 6 model
+# 207) took the same samples but differed from step 2 on (loss 0.023695523 vs 0.023695549), before any resume: the
+# float32 sums are not reproducible from process to process, and AdamW turns rounding noise on the adapters' tiny
+# gradients into lr-sized moves, so the bitwise comparison this test made failed in 2 of 3 runs (adapters 1.4e-3
+# apart). A lost optimizer state or data cursor moves them by ~lr = 1e-2, six orders above F64_TOL.
+@pytest.fixture(scope="module")
+def straight64(tmp_path_factory, warm_model_dir, ray_session):
+    cfg = _cfg(tmp_path_factory.mktemp("lora_runs64"), warm_model_dir, "straight64", "train.steps=4", *FLOAT64)
+    return cfg, train(cfg, progress=False)
+
+
+def _samples(run_dir: Path) -> dict[int, list]:
+    return {rec["step"]: rec["samples"] for rec in map(json.loads, (run_dir / "samples.jsonl").read_text().splitlines())}
+
+
+def test_lora_resume_ends_with_the_straight_runs_adapter(tmp_path, straight64, warm_model_dir, ray_session):
+    ref_cfg, _ = straight64
+    cfg = _cfg(tmp_path, warm_model_dir, "resumed", "train.steps=2", *FLOAT64)
     train(cfg, progress=False)
     state = json.loads((cfg.run_dir / "checkpoints" / "step_000002" / "state.json").read_text())
     assert state["step"] == 2 and state["cursor"] == {"epoch": 0, "offset": 8}
     train(cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 4})}), resume=True, progress=False)
     assert [m["step"] for m in read_metrics(cfg.run_dir) if "time/step" in m] == [1, 2, 3, 4]
+    assert _samples(cfg.run_dir) == _samples(ref_cfg.run_dir)
     a = load_file(str(cfg.run_dir / "checkpoints" / "step_000004" / ADAPTER))
     b = load_file(str(ref_cfg.run_dir / "checkpoints" / "step_000004" / ADAPTER))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), \
-        max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert a.keys() == b.keys()
+    worst = max(float((a[k] - b[k]).abs().max()) / max(1.0, float(b[k].abs().max())) for k in a)
+    assert worst <= F64_TOL, f"the resumed run's adapter differs from the straight run's by {worst:.3g} (relative)"
 
 
 def test_export_merge_of_the_run_loads_in_transformers_and_vllm(straight, tmp_path, release_vllm_groups):
@@ -89,7 +109,7 @@ def test_export_merge_of_the_run_loads_in_transformers_and_vllm(straight, tmp_pa
     assert max(abs(g - float(w)) for g, w in zip(got, want)) < 1e-3
 
 
-def test_ppo_with_a_lora_policy_and_a_full_critic(tmp_path, warm_model_dir):
+def test_ppo_with_a_lora_policy_and_a_full_critic(tmp_path, warm_model_dir, ray_session):
     cfg = _cfg(tmp_path, warm_model_dir, "ppo", "train.steps=2", "algorithm.name=ppo", "algorithm.group_size=1",
                "algorithm.prompts_per_step=8", "checkpoint.every=0")
     assert [n for n, _ in role_bundles(cfg) if n in ("reference", "critic")] == ["critic"]
