@@ -61,12 +61,14 @@ def test_signal_share_by_hand(tiny_model_dir):
 
 def _train(tmp: Path, model: str, *extra: str) -> subprocess.CompletedProcess:
     # The random tiny model never answers an addition, and the verifier is the only reward: no group has a signal.
+    # Nothing listens on port 9: each event fails at once and is recorded (notify_retries=0; the default 3 retries
+    # would back off 1 + 2 + 4 s per event and hold the run's end for notify's 10 s close, ~20 s of this test).
     cfg = tmp / "run.yaml"
     cfg.write_text(f"name: nothing\nruns_dir: {tmp}\nmodel: {{path: {model}}}\n")
     return subprocess.run([str(BIN / "posttrain"), "train", str(cfg), "task.train_size=64", "task.heldout_size=8",
                            "algorithm.group_size=4", "algorithm.prompts_per_step=4", "rollout.engine=hf",
                            "train.steps=5", "eval.every=0", "checkpoint.every=0", "alarms.no_signal_steps=2",
-                           "ops.notify=[{url: 'http://127.0.0.1:9/hook'}]", *extra],
+                           "ops.notify=[{url: 'http://127.0.0.1:9/hook'}]", "ops.notify_retries=0", *extra],
                           capture_output=True, text=True, timeout=600)
 
 
