@@ -130,10 +130,8 @@ def plain_copy(quantized_model, dtype: str):
 
 
 def import_gguf(source: str | Path, out: str | Path, dtype: str = "float32", log=print) -> ImportReport:
-    """Writes the HF directory OUT from the GGUF file SOURCE and checks it (module docstring)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """Writes the HF directory OUT from the GGUF file SOURCE and checks it (module docstring). The arguments and
+    the file are checked before torch and transformers are imported: a wrong path is told in a fraction of a second."""
     source, out = Path(source).resolve(), Path(out)
     if dtype not in DTYPES:
         raise PosttrainError(f"model import: --dtype {dtype} is not one of {', '.join(DTYPES)}")
@@ -141,6 +139,9 @@ def import_gguf(source: str | Path, out: str | Path, dtype: str = "float32", log
         raise PosttrainError(f"model import: {out} already exists", hint="choose a new OUT directory or remove it")
     architecture = gguf_architecture(source)
     check_supported(source, architecture)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     started = time.perf_counter()
     log(f"reading {source.name} ({architecture}, {source.stat().st_size / 2**20:.0f} MiB), dequantizing to {dtype}")
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
