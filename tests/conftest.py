@@ -190,18 +190,19 @@ def ray_session():
     """One embedded Ray cluster for a test module's in-process runs, started as `train` starts one (8 logical CPUs:
     the largest run of any module fits). A run that finds Ray up uses it and leaves it up, so the module pays Ray's
     start (~4 s on 2 cores) and stop (~1.5 s) once, not per run; its actors and placement groups go with the run.
-    Yields the ray module. Not for runs whose test is about Ray's own start, stop or environment (those start their
-    own, as the CLI does)."""
+    A cluster some earlier test left running is stopped first (it may carry another job environment, a faults
+    directory say), and the module's is stopped at its end, so the next module starts clean. Yields the ray
+    module. Not for runs whose test is about Ray's own start, stop or environment (those start their own, as the
+    CLI does)."""
     import ray
 
     from posttrain.config import RayConfig
     from posttrain.orchestration.runtime import start_ray, stop_ray
 
-    started = not ray.is_initialized()
+    stop_ray()
     start_ray(RayConfig(num_cpus=8), 8)
     yield ray
-    if started:
-        stop_ray()
+    stop_ray()
 
 
 @pytest.fixture
