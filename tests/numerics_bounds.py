@@ -38,6 +38,8 @@ import torch
 
 F64_TOL = 1e-8
 EPS32 = 2.0 ** -24  # float32's unit roundoff
+# The config overrides of a run compared in float64: vLLM has no float64 kernels, so the hf engine generates.
+FLOAT64 = ("model.dtype=float64", "rollout.engine=hf")
 
 
 def lora_merge_bounds(peft_model) -> dict:

@@ -14,7 +14,7 @@ from posttrain.models import lora as L
 from posttrain.models.loading import load_causal_lm
 from posttrain.training.batch import completion_logprobs, pack
 from posttrain.training.trainer import Trainer, TrainBatch
-from numerics_bounds import assert_same
+from numerics_bounds import FLOAT64, assert_same
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [17, 18]]
 COMPLETIONS = [[20, 21, 22, 23], [24, 25], [26, 27, 28], [29, 30, 31, 32, 33]]
@@ -23,7 +23,6 @@ COMPLETIONS = [[20, 21, 22, 23], [24, 25], [26, 27, 28], [29, 30, 31, 32, 33]]
 ADAPTER_WEIGHTS_PER_RANK = 4 * 2944
 # base + adapter (x W^T + s x A^T B^T) and the merged layer (x (W + s B A)^T) sum in other orders: those comparisons
 # run in float64, where they agree to F64_TOL on any CPU (tests/numerics_bounds.py).
-FLOAT64 = ("model.dtype=float64", "rollout.engine=hf")
 
 
 def _cfg(model_dir: str, *extra: str) -> dict:

@@ -19,11 +19,10 @@ from posttrain.models.loading import PromptEncoder, load_causal_lm
 from posttrain.rewards.preferences import gold_pairs, write_jsonl
 from posttrain.tasks import load_task
 from posttrain.training import dpo as D
-from numerics_bounds import assert_same, lora_merge_bounds
+from numerics_bounds import FLOAT64, assert_same, lora_merge_bounds
 
 ADAPTED = ("q_proj", "v_proj")
 # 2 ranks vs 1 sum in other orders: those runs are in float64, where they agree to F64_TOL (tests/numerics_bounds.py)
-FLOAT64 = ("model.dtype=float64", "rollout.engine=hf")
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from numerics_bounds import F64_TOL
+from numerics_bounds import F64_TOL, FLOAT64
 from posttrain.config import load_config
 from posttrain.loop import train
 from posttrain.topology.placement import role_bundles
@@ -23,7 +23,6 @@ from posttrain import checkpoint as ckpt
 pytestmark = pytest.mark.integration
 
 ADAPTER = "adapter/adapter_model.safetensors"
-FLOAT64 = ("model.dtype=float64", "rollout.engine=hf")  # vLLM has no float64
 
 
 def _cfg(tmp_path: Path, model_dir: str, name: str, *extra: str):

@@ -18,7 +18,7 @@ from posttrain.training.accumulation import loss_share
 from posttrain.training.distributed import rank_rows
 from posttrain.training.trainer_state import SHARDS_DIR
 from posttrain.training.trainer import TrainBatch
-from numerics_bounds import assert_same
+from numerics_bounds import FLOAT64, assert_same
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.integration
 # moved by 6.7e-5 on AVX512-FP16 Xeons against the 5e-7 measured where its tolerance was set. So the checks run in
 # float64 (model.dtype=float64, the hf engine), where the two sides agree to F64_TOL on any CPU (the derivation is in
 # tests/numerics_bounds.py).
-FLOAT64 = ("model.dtype=float64", "rollout.engine=hf")
 STEP_METRICS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "entropy", "logprob_gap_mean",
                 "trained_tokens", "grad_norm")
 
