@@ -178,6 +178,7 @@ def main() -> None:
         a, b = final_weights(cfg), final_weights(straight)
         result["weights_equal"] = all((a[k] == b[k]).all().item() for k in a)
         result["weights_max_abs_diff"] = max(float((a[k] - b[k]).abs().max()) for k in a)
+        result["weights_gap"] = max(float((a[k] - b[k]).abs().max()) / max(1.0, float(b[k].abs().max())) for k in a)
     except Exception as e:  # noqa: BLE001 -- reported to the test, which fails on it
         result["error"] = traceback.format_exc() + repr(e)
         result["timeline"] = injector.timeline if injector else []

@@ -5,9 +5,14 @@ and end where the same run without faults ends.
 
 Where exactness holds: the trainer sees the same token ids in the same order whatever happened (per-prompt seeds;
 a sample depends on its seed alone, not on which engine generated it), and every redo replays the same prompts and
-seeds; so the final weights equal the undisturbed run's bit for bit. Both runs are in float64
+seeds; so the final weights equal the undisturbed run's up to rounding. Both runs are in float64
 (`model.dtype=float64`, docs/numerics.md), so a prompt batched with others and padded differently cannot round a
-sampled token another way on any CPU; if samples ever differ, the test says which."""
+sampled token another way on any CPU (if samples ever differ, the test says which), and the weights agree within
+F64_TOL (tests/numerics_bounds.py), not bit for bit: the two runs' trainers are two processes, and float sums need
+not be reproducible from process to process (a float32 LoRA run's were not, docs/numerics.md). AdamW's worst case
+over 40 steps: a gradient that is 0 in exact arithmetic, with 1e-15 of rounding noise, moves its weight by
+lr * 1e-15 / adam_eps = 3e-4 * 1e-7 = 3e-11 per step, 1.2e-9 after 40, under F64_TOL = 1e-8. A lost or doubled
+redo changes samples, and with them the weights by ~lr = 3e-4."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from numerics_bounds import F64_TOL
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +68,7 @@ def test_the_chaos_run_ends_where_the_undisturbed_run_ends(chaos):
     run, straight = chaos["chaos"], chaos["straight"]
     differing = [sid for sid, text in straight["samples"].items() if run["samples"].get(sid) != text]
     print(f"samples differing from the undisturbed run: {len(differing)} of {len(straight['samples'])}; final "
-          f"weights equal: {chaos['weights_equal']} (max |diff| {chaos['weights_max_abs_diff']:.3g})")
+          f"weights bit for bit equal: {chaos['weights_equal']} (max |diff| {chaos['weights_max_abs_diff']:.3g}, "
+          f"relative {chaos['weights_gap']:.3g})")
     assert not differing, differing[:10]
-    assert chaos["weights_equal"], chaos["weights_max_abs_diff"]
+    assert chaos["weights_gap"] <= F64_TOL, chaos["weights_gap"]
