@@ -71,6 +71,13 @@ def gap(a, b) -> float:
     return float((x - y).abs().max()) / max(1.0, float(x.abs().max()))
 
 
+def state_gap(a: dict, b: dict) -> float:
+    """The worst per-tensor gap between two state dicts with the same keys (checkpoint weights or adapters): max over
+    tensors of max |a - b| / max(1, max |b|), so a small tensor is judged against its own size, not the largest's."""
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(float((a[k] - b[k]).abs().max()) / max(1.0, float(b[k].abs().max())) for k in a)
+
+
 def assert_same(a, b, what: str = "") -> None:
     """Asserts gap(a, b) <= F64_TOL, with the gap in the message. Both sides must have been computed in float64."""
     for side in (a, b):
