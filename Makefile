@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml scripts/install.sh
 demo: install
 	$(BIN)/posttrain demo
 
+# The suite on TEST_WORKERS pytest-xdist workers, a test file to a worker (module fixtures and shared clusters stay
+# within a file), each torch at 1 thread so two workers fill two cores without oversubscribing them (the numerics
+# matrix's threads1 setting; docs/performance.md has the measurements).
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest tests -v --timeout=1200 --durations=40 --junitxml=runs/test-report.xml
+	POSTTRAIN_TEST_TORCH_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile -v --timeout=1200 \
+		--durations=40 --junitxml=runs/test-report.xml
 
 test-unit: install
 	$(BIN)/python -m pytest tests -v -m "not integration"

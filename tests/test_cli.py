@@ -3,6 +3,7 @@ traceback; `train --address` joins a running Ray cluster on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -44,6 +45,14 @@ def test_config_show_prints_every_default():
     assert "kl_coef: 0.05" in r.stdout and "max_model_len: 128" in r.stdout and "name: addition-grpo" in r.stdout
 
 
+def stop_process_group(pgid: int) -> None:
+    """SIGKILL to every process left in the group (`ray start` itself has exited; its GCS, raylet and workers stay)."""
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,9 +70,12 @@ def test_train_joins_a_running_ray_cluster_with_the_hf_engine(tmp_path, warm_mod
     (home / ".ray" / "auth_token").write_text(os.urandom(32).hex())
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}, "HOME": str(home),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-                    "--num-cpus=4", "--include-dashboard=false", "--disable-usage-stats"],
-                   check=True, capture_output=True, env=env, timeout=120)
+    # In a process group of its own: the head's processes are stopped by that group, not by `ray stop`, which
+    # stops every Ray process on the machine (another test's cluster running beside this one under pytest -n).
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                             "--num-cpus=4", "--include-dashboard=false", "--disable-usage-stats"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    assert head.wait(timeout=120) == 0, head.stderr.read().decode()[-2000:]
     try:
         r = posttrain(
             "train", "examples/addition-grpo.yaml", f"model.path={warm_model_dir}", f"runs_dir={tmp_path}",
@@ -78,7 +90,7 @@ def test_train_joins_a_running_ray_cluster_with_the_hf_engine(tmp_path, warm_mod
                                 text=True, env={**env, "RAY_AUTH_MODE": "token"}, timeout=60)
         assert status.returncode == 0  # the cluster outlives the job: we joined it, we did not own it
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env, timeout=120)
+        stop_process_group(head.pid)
 
 
 @pytest.mark.integration
