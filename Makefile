@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-12)
 
-.PHONY: install demo test test-unit readme bench clean
+.PHONY: install demo test check test-unit readme bench clean
 
 install: $(STAMP)
 
@@ -22,6 +22,21 @@ TEST_WORKERS ?= 2
 test: install
 	POSTTRAIN_TEST_TORCH_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile -v --timeout=1200 \
 		--durations=40 --junitxml=runs/test-report.xml
+
+# The developers' inner loop (< 5 minutes after the install): the unit tests (config, CLI, docs and architecture
+# checks among them), the Ray-actor vLLM engine's weight sync, and a 2-step GRPO run of a fresh tiny model on Ray
+# with a vLLM engine through the CLI, as a user runs it. `make test` stays the whole suite, and what CI runs.
+CHECK_RUN := runs/check
+check: install
+	POSTTRAIN_TEST_TORCH_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile -q \
+		-m "not integration" --timeout=600
+	$(BIN)/python -m pytest tests/rollout/test_weight_sync.py -q --timeout=600
+	rm -rf $(CHECK_RUN) && $(BIN)/posttrain model tiny $(CHECK_RUN)/model
+	$(BIN)/posttrain train examples/addition-grpo.yaml model.path=$(CHECK_RUN)/model runs_dir=$(CHECK_RUN) \
+		name=run train.steps=2 algorithm.prompts_per_step=4 task.heldout_size=16 eval.every=0 checkpoint.every=0 \
+		alarms.no_signal_steps=0 --quiet
+	$(BIN)/python -c "import json; s = json.load(open('$(CHECK_RUN)/run/summary.json')); \
+		assert s['steps'] == 2, s; print('check run: 2 GRPO steps on Ray + vLLM, summary ok')"
 
 test-unit: install
 	$(BIN)/python -m pytest tests -v -m "not integration"

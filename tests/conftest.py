@@ -258,3 +258,31 @@ def pytest_collection_modifyitems(config, items):
         first_seen.setdefault(item.nodeid.split("::")[0], i)
     items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 60.0),
                                  first_seen[item.nodeid.split("::")[0]]))
+
+
+def machine_busy_seconds() -> float:
+    """Core-seconds the whole machine has spent busy since boot (/proc/stat: every state but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def pytest_sessionstart(session):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        session.config._posttrain_started = (time.monotonic(), machine_busy_seconds())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """runs/test-cpu.json: the run's wall seconds and how busy the processor was meanwhile (busy core-seconds per wall
+    second, as `/usr/bin/time`'s "Percent of CPU": 2.0 = both cores of a 2-core machine all the time), read from the
+    whole machine so that Ray's and vLLM's processes count; benchmarks/suite_time.py records it beside the report."""
+    started = getattr(session.config, "_posttrain_started", None)
+    if started is None:
+        return
+    wall = time.monotonic() - started[0]
+    out = Path(session.config.rootpath) / "runs" / "test-cpu.json"
+    out.parent.mkdir(exist_ok=True)
+    share = (machine_busy_seconds() - started[1]) / wall
+    workers = session.config.getoption("numprocesses", default=None)
+    out.write_text(json.dumps({"wall_s": round(wall, 1), "cpu_share": round(share, 3), "cores": os.cpu_count(),
+                               "workers": workers}))

@@ -141,6 +141,9 @@ def test_the_suite_time_report_sums_each_file_from_a_junit_report(tmp_path):
     assert got["files"] == {"tests/evals/test_b.py": 40.25, "tests/test_a.py": 12.5}  # costliest first
     assert list(got["files"]) == ["tests/evals/test_b.py", "tests/test_a.py"]
     assert list(got["slowest"].items())[0] == ("tests/evals/test_b.py::test_three", 40.0)
+    assert suite_time.read_cpu_share(tmp_path / "test-cpu.json") == {}  # a run from before the file existed
+    (tmp_path / "test-cpu.json").write_text('{"wall_s": 100.0, "cpu_share": 1.62, "cores": 2, "workers": 2}')
+    assert suite_time.read_cpu_share(tmp_path / "test-cpu.json") == {"cpu_share": 1.62, "workers": 2}
 
 
 def test_the_real_model_comparison_reads_the_first_step_at_the_target_and_the_seconds_until_it():

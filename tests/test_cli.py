@@ -45,12 +45,17 @@ def test_config_show_prints_every_default():
     assert "kl_coef: 0.05" in r.stdout and "max_model_len: 128" in r.stdout and "name: addition-grpo" in r.stdout
 
 
-def stop_process_group(pgid: int) -> None:
-    """SIGKILL to every process left in the group (`ray start` itself has exited; its GCS, raylet and workers stay)."""
+def stop_process_group(pgid: int, port: int) -> None:
+    """SIGKILL to every process left in the group (`ray start` itself has exited; its GCS, raylet and workers stay),
+    and the pointer to the cluster that `ray start` wrote (/tmp/ray/ray_current_cluster), as `ray stop` removes it."""
     import signal
 
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+    pointer = Path("/tmp/ray/ray_current_cluster")
+    with contextlib.suppress(OSError):
+        if pointer.read_text().strip().endswith(f":{port}"):
+            pointer.unlink()
 
 
 def _free_port() -> int:
@@ -90,7 +95,7 @@ def test_train_joins_a_running_ray_cluster_with_the_hf_engine(tmp_path, warm_mod
                                 text=True, env={**env, "RAY_AUTH_MODE": "token"}, timeout=60)
         assert status.returncode == 0  # the cluster outlives the job: we joined it, we did not own it
     finally:
-        stop_process_group(head.pid)
+        stop_process_group(head.pid, port)
 
 
 @pytest.mark.integration

@@ -60,6 +60,10 @@ def start_ray(cfg: RayConfig, needed_cpus: float) -> None:
     num_cpus = cfg.num_cpus or max(float(os.cpu_count() or 1), math.ceil(needed_cpus))
     with ray_processes_in_their_own_session():
         ray.init(
+            # "local": always a cluster of the run's own. Without it ray.init joins the cluster that /tmp/ray's
+            # ray_current_cluster names (the last `ray start` on this machine: someone else's, or a dead one) and
+            # then refuses num_cpus with a traceback.
+            address="local",
             num_cpus=int(math.ceil(num_cpus)),
             _node_ip_address=LOOPBACK,
             include_dashboard=False,
