@@ -73,7 +73,7 @@ def judge_server(tmp_path_factory, tiny_model_dir):
             except OSError:
                 if proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"vLLM server did not start: {(tmp / 'server.log').read_text()[-2000:]}")
-                time.sleep(1)
+                time.sleep(0.1)
         yield url, tmp
     finally:
         proc.terminate()

@@ -82,7 +82,7 @@ def wait_for_nodes(n: int, timeout: float = 90) -> list[str]:
     """Until exactly `n` nodes are alive or `timeout` passed (the caller asserts on what it gets): their ids."""
     deadline = time.time() + timeout
     while len(alive_nodes()) != n and time.time() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.1)
     return alive_nodes()
 
 
@@ -178,7 +178,7 @@ def submit(model_dir: str, work: Path) -> dict:
     client = JobSubmissionClient(f"http://127.0.0.1:{DASHBOARD_PORT}")
     deadline = time.time() + 240
     while not client.get_job_status(job).is_terminal() and time.time() < deadline:
-        time.sleep(2)
+        time.sleep(0.2)
     summary = work / "runs" / "submitted" / "summary.json"
     return {"job": job, "status": str(client.get_job_status(job)), "logs_tail": client.get_job_logs(job)[-3000:],
             "summary": json.loads(summary.read_text()) if summary.exists() else None}
