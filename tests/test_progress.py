@@ -161,3 +161,24 @@ def test_truncated_share_by_hand():
     assert truncated_share(s, 8) == 0.75
     s.loss_masks = [[1] * 8] * 4
     assert truncated_share(s, 8) is None
+
+
+def test_the_run_page_shows_the_first_step_the_monitor_fired(tmp_path):
+    import json
+
+    from posttrain.view import build_page, read_run
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: r\ntrain:\n  steps: 10\nmodel:\n  path: m\ntask:\n  name: addition\n")
+    fired = {"cause": "barely_moves", "figure": 1.5e-8, "steps": 4, "action": "warn"}
+    times = {"time/generate": 0.2, "time/train": 0.4, "time/step": 1.0}
+    lines = [{"step": s, "reward_mean": 0.5, **times, **({"alarm/no_progress": fired} if s >= 4 else {})}
+             for s in range(1, 7)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run / "samples.jsonl").write_text("")
+    html = build_page(read_run(run))
+    assert '<td data-metric="no_progress_step" data-value="4">from step 4: barely_moves (1.5e-08)</td>' in html
+    assert 'data-alarm-step="4"' in html and 'data-alarm-step="6"' in html  # listed under Alarms at each step
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**x, "alarm/no_progress": None}) + "\n" for x in lines))
+    assert "— (did not fire)" in build_page(read_run(run))
