@@ -505,7 +505,8 @@ def summarize(run: OpenRun, final_ckpt: Path, wall0: float) -> dict:
     summary["curves"] = str(plot_run(run.run_dir))
     if run.state.reward_functions:
         summary["reward_functions"] = run.state.reward_functions
-    summary.update(run.alarms.summary(), **run.progress.summary(), stopped_by_alarm=run.stopped_by, stopped_at_accuracy=run.reached,
+    summary.update(run.alarms.summary(), **run.progress.summary(), stopped_by_alarm=run.stopped_by,
+                   stopped_at_accuracy=run.reached,
                    **(run.in_loop.summary() if run.in_loop else {"best_checkpoint": None}))
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
