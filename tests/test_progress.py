@@ -182,3 +182,16 @@ def test_the_run_page_shows_the_first_step_the_monitor_fired(tmp_path):
     assert 'data-alarm-step="4"' in html and 'data-alarm-step="6"' in html  # listed under Alarms at each step
     (run / "metrics.jsonl").write_text("".join(json.dumps({**x, "alarm/no_progress": None}) + "\n" for x in lines))
     assert "— (did not fire)" in build_page(read_run(run))
+
+
+def test_a_resumed_run_replays_its_steps_and_keeps_its_first_firing():
+    fired = {"cause": "barely_moves", "figure": 1e-8, "steps": 4, "action": "warn"}
+    before = [{**_step(i + 1, 0.5), "time/step": 1.0, **({"alarm/no_progress": fired} if i == 3 else {})}
+              for i in range(4)] + [{"step": 4, "eval/heldout_accuracy": 0.1}]  # an eval line: not a step
+    watch, lines = ProgressWatch(4, log=lambda t: None), []
+    watch.log = lines.append
+    watch.replay(before)
+    assert len(watch.history) == 4 and watch.first == {"step": 4, "cause": "barely_moves", "figure": 1e-8}
+    record = _step(5, 0.5)
+    watch.after_step(record)  # the 5th step fires at once (the window is full), with the cause it had: not said again
+    assert record["alarm/no_progress"]["cause"] == "barely_moves" and lines == [] and watch.first["step"] == 4

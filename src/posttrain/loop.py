@@ -46,7 +46,7 @@ from posttrain.tasks import load_task
 from posttrain.tasks.base import answer_needed
 from posttrain.tasks.dataset import record_report
 from posttrain.topology.placement import needed_cpus
-from posttrain.tracking import MetricsWriter, open_run_log
+from posttrain.tracking import MetricsWriter, open_run_log, read_metrics
 from posttrain.tracking.notify import Notifier
 
 
@@ -329,6 +329,8 @@ def open_step_loop(run: OpenRun, resume: bool, notify) -> None:
     run.alarms = LoopAlarms(cfg, prepared.tokenizer, notify)  # reward-hacking alarms (alarms.rules), fed every step
     run.no_signal = NoSignalWatch(cfg.alarms.no_signal_steps, cfg.alarms.no_signal_action, notify, run.bar.log)
     run.progress = ProgressWatch(cfg.alarms.no_progress_steps, cfg.alarms.no_progress_action, notify, run.bar.log)
+    if resume:
+        run.progress.replay(read_metrics(run.run_dir))  # the steps before the checkpoint, as the resume left them
 
 
 def start_roles(run: OpenRun, reforming: Reform | None, notify) -> None:

@@ -8,7 +8,7 @@ and the held-out accuracy of the window's evals does not (a held-out/training ga
 cause, with the figure behind it, goes into the step's metrics record (`alarm/no_progress`), onto the progress
 line (when it first fires and whenever the cause changes) and once to ops.notify (`no_progress`); the first step it
 fired goes into summary.json (`no_progress`). `alarms.no_progress_action: stop` ends the run there with a
-checkpoint and EXIT_NO_PROGRESS. The history is the process's own: a resumed run watches N new steps first."""
+checkpoint and EXIT_NO_PROGRESS. A resumed run replays its metrics.jsonl into the history first (`replay`)."""
 
 from __future__ import annotations
 
@@ -77,6 +77,19 @@ class ProgressWatch:
             jumped = policy_cause(window)
             return jumped if jumped is not None and jumped.kind == "jumps" else None
         return diagnose(window, ALPHA)
+
+    def replay(self, records: list[dict]) -> None:
+        """A resumed run's steps so far (metrics.jsonl as the resume left it), fed to the history without firing
+        again; the first firing among them is kept for summary.json."""
+        for record in records:
+            if "time/step" not in record:  # eval and checkpoint lines
+                continue
+            self.history.append({k: record.get(k) for k in KEYS})
+            fired = record.get("alarm/no_progress")
+            if isinstance(fired, dict):
+                if self.first is None:
+                    self.first = {"step": record["step"], "cause": fired.get("cause"), "figure": fired.get("figure")}
+                self.last_kind = fired.get("cause")
 
     def summary(self) -> dict:
         return {"no_progress": self.first}
