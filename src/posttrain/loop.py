@@ -19,6 +19,7 @@ from posttrain.errors import PosttrainError
 from posttrain.evals.alarm_wiring import LoopAlarms, after_step_evals_and_alarms
 from posttrain.evals.in_loop import InLoopEval
 from posttrain.evals.no_signal import NoLearningSignal, NoSignalWatch
+from posttrain.evals.progress import NoProgress, ProgressWatch
 from posttrain.models.loading import PromptEncoder, check_model_dir, check_vocab, load_tokenizer
 from posttrain.models.lora import check_lora_targets
 from posttrain.models.tokenizer_match import check_teacher
@@ -45,7 +46,7 @@ from posttrain.tasks import load_task
 from posttrain.tasks.base import answer_needed
 from posttrain.tasks.dataset import record_report
 from posttrain.topology.placement import needed_cpus
-from posttrain.tracking import MetricsWriter, open_run_log
+from posttrain.tracking import MetricsWriter, open_run_log, read_metrics
 from posttrain.tracking.notify import Notifier
 
 
@@ -117,13 +118,15 @@ def notify_stopped_without_checkpoint(cfg: RunConfig, stopped: StoppedWithoutChe
            resume=resume_command(cfg) if stopped.newest else None)
 
 
-def stop_without_signal(cfg: RunConfig, roles, state: RunState, last_ckpt_step: int, message: str) -> NoLearningSignal:
-    """The zero-signal alarm's stop (evals/no_signal.py): a checkpoint of the step, and the exception that makes the
-    CLI exit with EXIT_NO_SIGNAL."""
+def stop_by_monitor(cfg: RunConfig, roles, state: RunState, last_ckpt_step: int, message: str,
+                    error: type[Exception], action_key: str) -> Exception:
+    """The stop of the zero-signal alarm (evals/no_signal.py: NoLearningSignal, EXIT_NO_SIGNAL) or of the learning
+    monitor (evals/progress.py: NoProgress, EXIT_NO_PROGRESS): a checkpoint of the step, and the exception that
+    makes the CLI exit with the monitor's code. `action_key`: the alarms key that lets the run go on."""
     saved = (save_checkpoint(cfg, roles, state) if last_ckpt_step != state.step
              else ckpt.latest_valid_checkpoint(cfg.run_dir / "checkpoints"))
-    return NoLearningSignal(f"stopped at step {state.step}: {message}; checkpoint {saved}. To go on anyway, "
-                            f"{resume_command(cfg)} alarms.no_signal_action=warn")
+    return error(f"stopped at step {state.step}: {message}; checkpoint {saved}. To go on anyway, "
+                 f"{resume_command(cfg)} alarms.{action_key}=warn")
 
 
 def train(cfg: RunConfig, *, resume: bool = False, progress: bool = True, allow_data_change: bool = False) -> dict:
@@ -198,6 +201,7 @@ class OpenRun:
     ahead: Any | None = None  # one_step_off.OneStepOffRollout
     alarms: LoopAlarms | None = None
     no_signal: NoSignalWatch | None = None
+    progress: ProgressWatch | None = None  # the learning monitor
     reward_budget: FailureBudget | None = None
     roles: Roles | None = None
     in_loop: InLoopEval | None = None
@@ -324,6 +328,9 @@ def open_step_loop(run: OpenRun, resume: bool, notify) -> None:
         run.ahead = OneStepOffRollout(cfg, run.sampler, prepared.encoder)
     run.alarms = LoopAlarms(cfg, prepared.tokenizer, notify)  # reward-hacking alarms (alarms.rules), fed every step
     run.no_signal = NoSignalWatch(cfg.alarms.no_signal_steps, cfg.alarms.no_signal_action, notify, run.bar.log)
+    run.progress = ProgressWatch(cfg.alarms.no_progress_steps, cfg.alarms.no_progress_action, notify, run.bar.log)
+    if resume:
+        run.progress.replay(read_metrics(run.run_dir))  # the steps before the checkpoint, as the resume left them
 
 
 def start_roles(run: OpenRun, reforming: Reform | None, notify) -> None:
@@ -381,6 +388,7 @@ def run_steps(run: OpenRun, stop_signals: StopSignalWatch, nodes: NodeWatch | No
         record.update(run.alarms.observe(record, [s[1] for s in samples["samples"]],
                                          [s[2] for s in samples["samples"]]))
         nothing_learned = run.no_signal.after_step(record, len(samples["samples"]))  # the zero-signal alarm
+        not_learning = run.progress.after_step(record)  # the learning monitor
         run.writer.write(record)
         run.reward_budget.check(record, samples)
         run.bar.update(state.step, reward=record["reward_mean"], acc=record["accuracy"],
@@ -389,7 +397,11 @@ def run_steps(run: OpenRun, stop_signals: StopSignalWatch, nodes: NodeWatch | No
             run.writer.log_checkpoint(state.step, timed_checkpoint(cfg, roles, state, stop_signals))
             run.last_ckpt_step = state.step
         if nothing_learned:
-            raise stop_without_signal(cfg, roles, state, run.last_ckpt_step, nothing_learned)
+            raise stop_by_monitor(cfg, roles, state, run.last_ckpt_step, nothing_learned, NoLearningSignal,
+                                  "no_signal_action")
+        if not_learning:
+            raise stop_by_monitor(cfg, roles, state, run.last_ckpt_step, not_learning, NoProgress,
+                                  "no_progress_action")
         run.stopped_by = after_step_evals_and_alarms(cfg, roles, state.step, run.last_ckpt_step, run.in_loop,
                                                      run.alarms, run.writer, run.bar.log)
         if run.stopped_by or run.reached:
@@ -495,7 +507,8 @@ def summarize(run: OpenRun, final_ckpt: Path, wall0: float) -> dict:
     summary["curves"] = str(plot_run(run.run_dir))
     if run.state.reward_functions:
         summary["reward_functions"] = run.state.reward_functions
-    summary.update(run.alarms.summary(), stopped_by_alarm=run.stopped_by, stopped_at_accuracy=run.reached,
+    summary.update(run.alarms.summary(), **run.progress.summary(), stopped_by_alarm=run.stopped_by,
+                   stopped_at_accuracy=run.reached,
                    **(run.in_loop.summary() if run.in_loop else {"best_checkpoint": None}))
     (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -15,7 +15,7 @@ from posttrain.rollout.samples import StepSamples
 TIME_KEYS = ("generate", "reward", "reference", "train", "sync")
 # Trainer numbers every record carries (None when the step trained nothing), and those only some algorithms give.
 TRAIN_KEYS = ("entropy", "clip_fraction", "loss", "grad_norm", "lr", "logprob_gap_mean", "logprob_gap_max")
-OPTIONAL_TRAIN_KEYS = ("value_loss", "value_clip_fraction", "shaped_reward_mean", "distill/reverse_kl")
+OPTIONAL_TRAIN_KEYS = ("value_loss", "value_clip_fraction", "shaped_reward_mean", "distill/reverse_kl", "update_ratio")
 
 
 def generated_tokens(generated: StepSamples) -> int:
@@ -24,6 +24,14 @@ def generated_tokens(generated: StepSamples) -> int:
     if generated.loss_masks:
         return sum(sum(m) for m in generated.loss_masks)
     return sum(len(c) for c in generated.completions)
+
+
+def truncated_share(generated: StepSamples, max_new_tokens: int) -> float | None:
+    """Share of completions that reached rollout.max_new_tokens (cut at the length limit); None for multi-turn
+    completions, whose tokens hold several turns and the environment's."""
+    if generated.loss_masks or not generated.completions:
+        return None
+    return sum(len(c) >= max_new_tokens for c in generated.completions) / len(generated.completions)
 
 
 def step_record(cfg: RunConfig, step: int, generated: StepSamples, kept: int, signal_share: float, rounds: int,
@@ -40,6 +48,7 @@ def step_record(cfg: RunConfig, step: int, generated: StepSamples, kept: int, si
         "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         "accuracy": float((torch.tensor(generated.verifier) >= 1.0).float().mean()),
         "response_length": gen_tokens / len(generated),
+        "truncated_share": truncated_share(generated, cfg.rollout.max_new_tokens),
         "kept_groups": kept // cfg.algorithm.group_size,
         "signal_share": signal_share,
         "rollout_rounds": rounds,

@@ -10,6 +10,7 @@ from posttrain.cli.common import console, err_console, print_summary, split_conf
 from posttrain.config import load_config
 from posttrain.errors import PosttrainError
 from posttrain.evals.no_signal import EXIT_NO_SIGNAL, NoLearningSignal
+from posttrain.evals.progress import EXIT_NO_PROGRESS, NoProgress
 from posttrain.orchestration.reform import EXIT_CAPACITY, CapacityLost
 from posttrain.preemption import Preempted, StoppedWithoutCheckpoint
 
@@ -51,6 +52,9 @@ def train(
     except NoLearningSignal as e:
         err_console.print(f"[bold red]no learning signal:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_NO_SIGNAL) from None
+    except NoProgress as e:
+        err_console.print(f"[bold red]not learning:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_NO_PROGRESS) from None
     print_summary(summary)
 
 

@@ -25,6 +25,8 @@ EVENTS = {
     "alarm_fired": "a reward-hacking alarm fired (alarms.rules)",
     "no_signal": "no learning signal for alarms.no_signal_steps steps in a row (no group's rewards differ, or every "
                  "reward failed)",
+    "no_progress": "the learning monitor found the reward not rising over alarms.no_progress_steps steps (the "
+                   "likely cause and its figure)",
     "gate_regressed": "the in-loop eval gate found a checkpoint significantly worse than the previous or the best",
 }
 SLACK_HOST = "hooks.slack.com"

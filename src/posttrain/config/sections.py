@@ -333,6 +333,18 @@ class AlarmsConfig(_Section):
         "stop", description="What the zero-signal alarm does: stop (exit 77, a checkpoint of the last step) or warn "
         "(the run goes on).",
     )
+    no_progress_steps: int = Field(
+        20, ge=0, description="The learning monitor's window: from this step on, when the training reward has not "
+        "risen significantly (OLS trend, one-sided p < 0.05) over the last this many steps nor over the whole run "
+        "while groups carry a signal, or rises while the held-out accuracy does not, the alarm names the likely "
+        "cause with its figure (policy barely moves, policy jumps, few groups with signal, completions cut, "
+        "held-out gap, reward not following): on the progress line, in metrics (alarm/no_progress), through "
+        "ops.notify (no_progress) and in summary.json (no_progress: its first step); 0 = off. See docs/evals.md.",
+    )
+    no_progress_action: Literal["stop", "warn"] = Field(
+        "warn", description="What the learning monitor does when it fires: warn (the run goes on) or stop (exit 78, "
+        "a checkpoint of the step).",
+    )
     repetition_n: int = Field(3, ge=1, description="n of the n-gram repetition rate (tokens).")
     heldout_problems: int = Field(
         64, ge=0, description="proxy_gold: after every step, greedy completions of this many fixed held-out problems "

@@ -22,6 +22,7 @@ from posttrain.algorithms.rollout_correction import correction_weights, mismatch
 from posttrain.training.accumulation import loss_share, micro_batches, nonempty_rows
 from posttrain.training.batch import PackedBatch, completion_logprobs, pack
 from posttrain.training.trainer_state import TRAINER_STATE, jsonable, load_sharded_optimizer, tuplify
+from posttrain.training.update_size import squared_sums, update_ratio, weight_sample
 
 
 # The metric parts of one update, in the order `_update` stacks them.
@@ -136,6 +137,8 @@ class Trainer(ActorProcess):
         x = self._step_inputs(batch)  # the whole batch, on every rank: the same padding as one rank
         n, T = x.mask.shape
         t0 = time.perf_counter()
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        before = weight_sample(trainable)  # the update's size relative to the weights (training/update_size.py)
         # One update on the whole batch: the gradient pass's own logprobs are the pre-update ones (ratio 1), so the
         # separate no-grad forward would be a third of the step's compute spent on a copy (as TRL skips it too).
         single_pass = a.updates_per_batch == 1 and a.minibatches == 1 and self.single_pass_update
@@ -170,6 +173,7 @@ class Trainer(ActorProcess):
                 "trained_tokens": tokens,
                 "train_compute_s": time.perf_counter() - t0,
                 "lr": x.lr,
+                "update_ratio": update_ratio(self._sum_over_ranks(squared_sums(before, weight_sample(trainable)))),
                 **self._correction_metrics(trainer_lp, x),
                 **self._extra_metrics(),
             }

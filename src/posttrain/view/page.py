@@ -79,8 +79,20 @@ def _summary_table(run: RunView) -> str:
         ("entropy (last step)", _metric_cell("entropy", last.get("entropy"))),
         ("response length (last step, tokens)", _metric_cell("response_length", last.get("response_length"), "{:.2f}")),
         ("mean step time (s)", _metric_cell("mean_step_seconds", sum(m["time/step"] for m in steps) / len(steps) if steps else None)),
+        ("not learning (learning monitor)", _no_progress_cell(run)),
     ]
     return "<table>" + "".join(f"<tr><th>{escape(k)}</th>{cell}</tr>" for k, cell in rows) + "</table>"
+
+
+def _no_progress_cell(run: RunView) -> str:
+    """The first step the learning monitor fired (alarm/no_progress, evals/progress.py), its cause and figure."""
+    first = next(((s, f["no_progress"]) for s, f in sorted(run.alarms.items()) if "no_progress" in f), None)
+    if first is None:
+        return '<td data-metric="no_progress_step">— (did not fire)</td>'
+    step, got = first
+    figure = got.get("figure") if isinstance(got, dict) else None
+    what = f"{got.get('cause')} ({figure:.2g})" if figure is not None else str(got)
+    return f'<td data-metric="no_progress_step" data-value="{step}">from step {step}: {escape(what)}</td>'
 
 
 def _alarm_section(run: RunView) -> str:
