@@ -23,6 +23,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 KEY, OTHER_KEY = "tml-posttrain-test", "tml-someone-else"
 EPS32 = 2.0 ** -24  # float32's unit roundoff
 BASE = "smollm2"
+SESSION_TIMEOUT_S = 20  # the SDK beats every 10 s
 
 
 def _free_port() -> int:
@@ -40,7 +41,7 @@ def server(smollm2_dir, tmp_path_factory):
     log = work / "server.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "posttrain.cli", "serve", f"serve.base_models.{BASE}={model_dir}", f"serve.port={port}",
-         "serve.dtype=float64", f"serve.state_dir={work / 'state'}"],
+         "serve.dtype=float64", f"serve.state_dir={work / 'state'}", f"serve.session_timeout_s={SESSION_TIMEOUT_S}"],
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=work)
     deadline = time.time() + 120
     while True:
@@ -124,6 +125,13 @@ def test_cross_entropy_and_importance_sampling_equal_the_hand_computation(servic
     out = tc.forward([_datum(ids, logprobs=old, advantages=adv)], "importance_sampling").result()
     want = np.sum(-np.exp(lp - old.astype(np.float64)) * adv.astype(np.float64))
     assert out.metrics["loss:sum"] == pytest.approx(float(want), rel=1e-12)
+    ratio, a64 = np.exp(lp - old.astype(np.float64)), adv.astype(np.float64)  # ratios e^0.1 = 1.105
+    config = {"clip_low_threshold": 0.95, "clip_high_threshold": 1.05}  # so that the clip binds
+    out = tc.forward([_datum(ids, logprobs=old, advantages=adv)], "ppo", loss_fn_config=config).result()
+    want = np.sum(-np.minimum(ratio * a64, np.clip(ratio, 0.95, 1.05) * a64))
+    assert out.metrics["loss:sum"] == pytest.approx(float(want), rel=1e-12)
+    out = tc.forward([_datum(ids, logprobs=old, advantages=adv)], "cispo", loss_fn_config=config).result()
+    assert out.metrics["loss:sum"] == pytest.approx(float(np.sum(-np.clip(ratio, 0.95, 1.05) * lp * a64)), rel=1e-12)
 
 
 def test_optim_step_then_save_and_resume_with_the_optimizer_matches_the_uninterrupted_run(service, reference):
@@ -194,13 +202,13 @@ def test_a_retried_submit_runs_once(service, server):
             "adam_params": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8}}
     headers = {"X-API-Key": KEY}
     ran = httpx.get(f"{server[0]}/api/v1/healthz").json()["executed"].get("optim_step", 0)
-    first = httpx.post(f"{server[0]}/api/v1/optim_step", json=body, headers=headers).json()
-    second = httpx.post(f"{server[0]}/api/v1/optim_step", json=body, headers=headers).json()
-    assert first["request_id"] == second["request_id"]
-    for _ in range(2):
-        done = httpx.post(f"{server[0]}/api/v1/retrieve_future", json={"request_id": first["request_id"]},
+    rids = []
+    for _ in range(2):  # the second submit comes after the first ran: a retry whose answer was lost
+        rids.append(httpx.post(f"{server[0]}/api/v1/optim_step", json=body, headers=headers).json()["request_id"])
+        done = httpx.post(f"{server[0]}/api/v1/retrieve_future", json={"request_id": rids[-1]},
                           headers=headers, timeout=60).json()
         assert "metrics" in done, done
+    assert rids[0] == rids[1]
     assert httpx.get(f"{server[0]}/api/v1/healthz").json()["executed"]["optim_step"] == ran + 1
 
 
@@ -223,3 +231,30 @@ def test_refusals_name_the_problem(service, server, reference):
         service.create_training_client_from_state(f"tinker://{tc.model_id}/weights/never-saved").result()
     bad = httpx.post(f"{server[0]}/api/v1/create_model", json={"session_id": 5}, headers={"X-API-Key": KEY})
     assert bad.status_code == 400 and "CreateModelRequest." in bad.json()["error"]
+
+
+def test_a_finished_or_expired_session_frees_its_models(server):
+    import tinker
+
+    url, headers = server[0], {"X-API-Key": KEY}
+
+    def live(model_id):
+        return httpx.post(f"{url}/api/v1/get_info", json={"model_id": model_id}, headers=headers).status_code == 200
+
+    with tinker.ServiceClient(base_url=url, api_key=KEY) as sc:  # its exit calls sessions/{id}/finish
+        model_id = sc.create_lora_training_client(base_model=BASE, rank=2).result().model_id
+        assert live(model_id)
+    assert not live(model_id)
+    # a client killed mid-run: a session that stops beating
+    start = time.time()
+    sid = httpx.post(f"{url}/api/v1/create_session", json={"tags": [], "user_metadata": None, "sdk_version": "x"},
+                     headers=headers).json()["session_id"]
+    rid = httpx.post(f"{url}/api/v1/create_model", json={"session_id": sid, "model_seq_id": 0, "base_model": BASE,
+                                                         "lora_config": {"rank": 2}}, headers=headers).json()
+    done = httpx.post(f"{url}/api/v1/retrieve_future", json={"request_id": rid["request_id"]}, headers=headers,
+                      timeout=60).json()
+    assert live(done["model_id"])
+    while live(done["model_id"]):
+        assert time.time() - start < SESSION_TIMEOUT_S + 30, "the silent session's model was not freed"
+        time.sleep(1)
+    assert time.time() - start >= SESSION_TIMEOUT_S  # not before its timeout
