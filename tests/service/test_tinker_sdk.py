@@ -258,3 +258,34 @@ def test_a_finished_or_expired_session_frees_its_models(server):
         assert time.time() - start < SESSION_TIMEOUT_S + 30, "the silent session's model was not freed"
         time.sleep(1)
     assert time.time() - start >= SESSION_TIMEOUT_S  # not before its timeout
+
+
+def test_base_model_sampling_greedy_top_k_and_stop_tokens(service, reference):
+    from tinker import types
+
+    ids, _ = reference
+    sampler = service.create_sampling_client(base_model=BASE).result()
+    prompt = types.ModelInput.from_ints(ids[:5])
+
+    def tokens(**params):
+        seq = sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(**params)).result().sequences[0]
+        return list(seq.tokens), seq.stop_reason
+
+    greedy, reason = tokens(max_tokens=3, temperature=0.0, stop=[])
+    assert reason == "length" and len(greedy) == 3
+    assert tokens(max_tokens=3, temperature=1.0, top_k=1, seed=5, stop=[]) == (greedy, "length")
+    assert tokens(max_tokens=3, temperature=0.0, stop=[greedy[1]]) == (greedy[:2], "stop")
+
+
+def test_serve_refuses_a_port_in_use_and_an_open_host_without_keys(server):
+    url, model_dir = server
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    port = url.rsplit(":", 1)[1]
+    cmd = [sys.executable, "-m", "posttrain.cli", "serve", f"serve.base_models.{BASE}={model_dir}"]
+    busy = subprocess.run(cmd + [f"serve.port={port}"], env=env, capture_output=True, text=True, timeout=120)
+    assert busy.returncode == 2 and f"serve.port={port}: cannot listen on 127.0.0.1:{port}" in busy.stderr, busy.stderr
+    assert "Traceback" not in busy.stderr
+    open_host = subprocess.run(cmd + ["serve.host=0.0.0.0", f"serve.port={_free_port()}"], env=env,
+                               capture_output=True, text=True, timeout=120)
+    assert open_host.returncode == 2 and "serve.host=0.0.0.0: serves beyond this machine and serve.api_keys is empty" \
+        in open_host.stderr, open_host.stderr
