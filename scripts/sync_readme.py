@@ -58,6 +58,7 @@ LAYER_LINES = {
     "evals": "suites, scorers, comparison, the in-loop evaluator, alarms",
     "cost": "build vs buy and the on-call line",
     "topology": "sizing roles and laying them out on a cluster",
+    "service": "`posttrain serve`: the Tinker-compatible training service (wire, seq_id queue, futures, LoRA backend)",
     "orchestration": "Ray runtime, roles in placement groups, the trainer group, re-forming roles, launch",
     "view": "the run page",
     "review": "blind review with your team",

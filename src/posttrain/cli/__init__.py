@@ -12,7 +12,7 @@ from typing import Callable
 
 import typer
 
-from posttrain.cli import config, dpo, eval, export, model, probe, review, rm, run, topology, verifiers, view
+from posttrain.cli import config, dpo, eval, export, model, probe, review, rm, run, serve, topology, verifiers, view
 from posttrain.cli.common import user_errors
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training of language models.")
@@ -30,6 +30,7 @@ COMMANDS: list[tuple[str, Callable]] = [
     ("compare", eval.compare_cmd),
     ("export", export.export),
     ("probe", probe.probe),
+    ("serve", serve.serve),
 ]
 
 GROUPS: list[tuple[str, str, list[tuple[str, Callable]]]] = [  # (name, help, its commands)

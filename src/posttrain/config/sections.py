@@ -19,6 +19,7 @@ from posttrain.config.lora import AdapterConfig, LoraConfig
 from posttrain.config.ops import OpsConfig
 from posttrain.config.reward import RewardConfig
 from posttrain.config.rollout import RolloutConfig
+from posttrain.config.serve import ServeConfig
 
 
 class ModelConfig(_Section):
@@ -453,6 +454,7 @@ class RunConfig(_Section):
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     rm: RMConfig = Field(default_factory=lambda: RMConfig())
     distill: DistillConfig = Field(default_factory=DistillConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     @property
     def run_dir(self) -> Path:
