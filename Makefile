@@ -20,7 +20,7 @@ demo: install
 # matrix's threads1 setting; docs/performance.md has the measurements).
 TEST_WORKERS ?= 2
 test: install
-	POSTTRAIN_TEST_TORCH_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile -v --timeout=1200 \
+	POSTTRAIN_TEST_TORCH_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -v --timeout=1200 \
 		--durations=40 --junitxml=runs/test-report.xml
 
 # The developers' inner loop (< 5 minutes after the install): the unit tests (config, CLI, docs and architecture
@@ -28,7 +28,7 @@ test: install
 # with a vLLM engine through the CLI, as a user runs it. `make test` stays the whole suite, and what CI runs.
 CHECK_RUN := runs/check
 check: install
-	POSTTRAIN_TEST_TORCH_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile -q \
+	POSTTRAIN_TEST_TORCH_THREADS=1 $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -q \
 		-m "not integration" --timeout=600
 	$(BIN)/python -m pytest tests/rollout/test_weight_sync.py -q --timeout=600
 	rm -rf $(CHECK_RUN) && $(BIN)/posttrain model tiny $(CHECK_RUN)/model

@@ -246,7 +246,8 @@ def release_vllm_groups():
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs the files on several workers, a file to a worker): the costliest files
     first, by their seconds in the last recorded run (benchmarks/results/suite_time.json; a file not there counts
-    as a minute), so that no worker starts a long file when the others are nearly done. Each file's tests keep
+    as a minute), so that no worker starts a long file when the others are nearly done (the Makefile passes
+    --no-loadscope-reorder: xdist would otherwise order files by their number of tests). Each file's tests keep
     their order."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
