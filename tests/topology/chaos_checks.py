@@ -57,6 +57,16 @@ def schedule(seed: int) -> list[tuple[int, str]]:
                    (rng.randint(32, 36), "kill_reward")])
 
 
+def step_records(run_dir: Path) -> list[dict]:
+    """The step records in the run's metrics.jsonl so far ([] while a line is being written)."""
+    from posttrain.tracking import read_metrics
+
+    try:
+        return [m for m in read_metrics(run_dir) if "time/step" in m]
+    except (OSError, ValueError):
+        return []
+
+
 class Injector(threading.Thread):
     def __init__(self, run_dir: Path, plan: list[tuple[int, str]], nodes: dict, temp: str, faults: Path, hold: Path):
         super().__init__(daemon=True)
@@ -85,29 +95,29 @@ class Injector(threading.Thread):
         return f"{name} SIGKILLed (its raylet and every worker on it)"
 
     def add_node(self) -> str:
-        """A new 1-CPU node. The steps go slow (the pace reward function, 1 s each) until an extra rollout engine on
-        it is past its constructor, so that it joins with steps to spare however long the node and the engine take
-        to start on a loaded machine (~10 s quiet, while a step takes ~0.5 s)."""
+        """A new 1-CPU node. The steps go slow (the pace reward function, 1 s each) until a step after the add ran on
+        two engines, the event the test asserts: a new engine must start, be synced and be admitted, and that took
+        longer than the run's remaining fast steps (~0.5 s each) while another test file ran beside this one."""
         name = f"node{len(self.timeline) + 2}"
         self.hold.touch()
         node = self.nodes[name] = start_worker_node(self.temp, len(self.timeline) + 2, label=True, cpus=1, gpus=0)
-        threading.Thread(target=self._release_when_an_engine_started_on, args=(node, self.hold), daemon=True).start()
+        threading.Thread(target=self._release_when_the_fleet_grew, args=(len(self.timeline),), daemon=True).start()
         return f"{name} started (1 CPU)"
 
-    @staticmethod
-    def _release_when_an_engine_started_on(node: subprocess.Popen, hold: Path, limit_s: float = 180) -> None:
+    def _release_when_the_fleet_grew(self, fault_index: int, limit_s: float = 300) -> None:
+        """Removes the hold once a step after fault `fault_index` (its `after_step` in the timeline) has
+        fleet/workers >= 2 in metrics.jsonl, or after `limit_s` (then the test's assertion says what happened)."""
         deadline = time.time() + limit_s
         try:
             while time.time() < deadline:
-                try:
-                    titles = [" ".join(p.cmdline()) for p in psutil.Process(node.pid).children(recursive=True)]
-                except psutil.Error:
-                    return
-                if any("ray::RolloutWorker" in t and "__init__" not in t for t in titles):
-                    return
-                time.sleep(0.05)
+                if len(self.timeline) > fault_index:
+                    after = self.timeline[fault_index]["after_step"]
+                    if any(m["step"] > after and (m.get("fleet/workers") or 0) >= 2
+                           for m in step_records(self.run_dir)):
+                        return
+                time.sleep(0.1)
         finally:
-            hold.unlink(missing_ok=True)
+            self.hold.unlink(missing_ok=True)
 
     def wedge_engine(self) -> str:
         from posttrain.remote.faults import arm
