@@ -17,9 +17,9 @@ demo: install
 
 # The whole suite, what CI runs. TEST_WORKERS=2 runs it on two pytest-xdist workers, a test file to a worker (module
 # fixtures and shared clusters stay within a file), torch at one thread per worker and OpenMP's waiting threads
-# asleep (OMP_WAIT_POLICY=PASSIVE), so that two workers share two cores without spinning against each other. Not
-# the default yet: on the 2-core AMD EPYC it was measured on, the suite's work is mostly compute and two workers
-# did not finish sooner than one (docs/performance.md#the-test-suites-time).
+# asleep (OMP_WAIT_POLICY=PASSIVE). Not the default: on the 2-core AMD EPYC it was tried on, the suite's work is
+# mostly compute, the CLI subprocesses that tests start keep 2 torch threads, and the tools demo's run timed out
+# beside another file (docs/performance.md#the-test-suites-time).
 TEST_WORKERS ?= 1
 ifeq ($(TEST_WORKERS),1)
 XDIST :=
@@ -31,7 +31,7 @@ endif
 test: install
 	$(BIN)/python -m pytest tests $(XDIST) -v --timeout=1200 --durations=40 --junitxml=runs/test-report.xml
 
-# The developers' inner loop (< 5 minutes after the install): the unit tests (config, CLI, docs and architecture
+# The developers' inner loop (6 minutes after the install on a 2-core AMD EPYC; the aim is 5): the unit tests (config, CLI, docs and architecture
 # checks among them), the Ray-actor vLLM engine's weight sync, and a 2-step GRPO run of a fresh tiny model on Ray
 # with a vLLM engine through the CLI, as a user runs it. `make test` stays the whole suite, and what CI runs.
 CHECK_RUN := runs/check
